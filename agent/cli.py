@@ -1,0 +1,335 @@
+"""The `pivot` command: sessions, plans and plugins from the terminal.
+
+Tables and text go to stdout; with --json, stdout carries JSON alone and everything else
+(warnings, progress) goes to stderr, so output can be piped.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from functools import cached_property
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from agent import __version__, plugins
+from agent import models as m
+from agent.errors import PivotError
+from agent.plans import bundled_plans, load_plan
+from agent.session import Paths
+from agent.store import Store
+
+out = Console(highlight=False, soft_wrap=True, markup=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+
+
+class Home:
+    """The pivot home a command works in, and its ledger, opened on first use."""
+
+    def __init__(self, paths: Paths) -> None:
+        self.paths = paths
+
+    @cached_property
+    def store(self) -> Store:
+        return Store(self.paths.db_path)
+
+
+class PivotGroup(click.Group):
+    """A click group that shows PivotError as a message and a hint, without a traceback, and exits 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except PivotError as e:
+            err.print(f"[bold red]error:[/] {e.message}", markup=True)
+            if e.hint:
+                err.print(f"[yellow]hint:[/] {e.hint}", markup=True)
+            ctx.exit(1)
+
+
+def _json(data: Any) -> None:
+    """Print JSON alone on stdout."""
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+def _dump(model: Any) -> Any:
+    return json.loads(model.model_dump_json())
+
+
+def _warn(message: str) -> None:
+    err.print(f"[yellow]warning:[/] {message}", markup=True)
+
+
+def _table(*columns: str) -> Table:
+    """A borderless table whose cells wrap instead of being cut with an ellipsis."""
+    table = Table(box=None)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    return table
+
+
+def _when(value: Any) -> str:
+    return value.strftime("%Y-%m-%d %H:%M") if value else ""
+
+
+@click.group(cls=PivotGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", "-V", prog_name="pivot", message="%(prog)s %(version)s")
+@click.option(
+    "--home",
+    envvar="PIVOT_HOME",
+    type=click.Path(file_okay=False),
+    help="Where state/ (the ledger, logs) and docs_out/ live. Default: $PIVOT_HOME, else the current directory.",
+)
+@click.pass_context
+def cli(ctx: click.Context, home: str | None) -> None:
+    """pivot: an optimization assistant for LLM inference serving."""
+    ctx.obj = Home(Paths.from_env(home))
+
+
+pass_home = click.make_pass_decorator(Home)
+
+
+# ---------------------------------------------------------------------------------------------- sessions
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array on stdout.")
+@pass_home
+def sessions(home: Home, as_json: bool) -> None:
+    """List sessions: id, name, target, status, experiments, open pivot, last update."""
+    rows = home.store.session_summaries()
+    if as_json:
+        _json([_dump(r) for r in rows])
+        return
+    if not rows:
+        out.print(f"No sessions in {home.paths.home}.")
+        return
+    table = _table("id", "name", "target", "engine", "status", "exps", "open pivot", "updated")
+    for r in rows:
+        status = r.status + (f" (pid {r.locked_by_pid})" if r.locked_by_pid else "")
+        table.add_row(
+            r.id, r.name, r.target, r.engine, status, str(r.experiments), r.open_pivot or "", _when(r.updated_at)
+        )
+    out.print(table)
+
+
+def _best_output(results: list[m.BenchResult]) -> tuple[float | None, int | None]:
+    best: tuple[float | None, int | None] = (None, None)
+    for result in results:
+        for level in result.levels:
+            if best[0] is None or level.output_throughput > best[0]:
+                best = (level.output_throughput, level.max_concurrency)
+    return best
+
+
+@cli.command()
+@click.argument("session_ref", metavar="SESSION")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@pass_home
+def show(home: Home, session_ref: str, as_json: bool) -> None:
+    """Show a session: its todos, experiments with verdicts, and pivots."""
+    store = home.store
+    session = store.get_session(session_ref)
+    todos = store.todos(session.id)
+    experiments = store.experiments(session.id)
+    pivots = store.pivots(session.id)
+    documents = store.documents(session.id)
+    by_id = {e.id: e for e in experiments}
+    base_config = session.target.base_config()
+
+    def change(e: m.Experiment) -> str:
+        base = by_id[e.base_experiment_id].config if e.base_experiment_id in by_id else base_config
+        return str(e.config.diff(base))
+
+    if as_json:
+        _json(
+            {
+                "session": _dump(session),
+                "locked_by_pid": store.session_lock(session.id),
+                "todos": [_dump(t) for t in todos],
+                "experiments": [
+                    {
+                        **_dump(e),
+                        "change": change(e),
+                        "results": [_dump(r) for r in store.bench_results(e.id or 0)],
+                        "telemetry": [_dump(t) for t in store.telemetry(e.id or 0)],
+                    }
+                    for e in experiments
+                ],
+                "pivots": [_dump(p) for p in pivots],
+                "documents": [_dump(d) for d in documents],
+            }
+        )
+        return
+
+    t = session.target
+    out.print(f"[bold]{session.name}[/] ({session.id}) - {session.status}", markup=True)
+    out.print(f"plan {session.plan.name}: {session.plan.title}")
+    out.print(f"target {t.model} on {t.gpus}x {t.hardware}, engine {session.engine}, model {session.model}")
+    out.print(f"created {_when(session.created_at)}, updated {_when(session.updated_at)}")
+    if pid := store.session_lock(session.id):
+        out.print(f"in use by pid {pid}")
+
+    out.print("\n[bold]Todos[/]", markup=True)
+    if todos:
+        table = _table("", "todo", "priority", "item")
+        marks = {"pending": "[ ]", "in_progress": "[>]", "completed": "[x]", "cancelled": "[-]"}
+        for todo in todos:
+            table.add_row(marks[todo.status], todo.content, todo.priority, todo.plan_item or "")
+        out.print(table)
+    else:
+        out.print("  (none)")
+
+    out.print("\n[bold]Experiments[/]", markup=True)
+    if experiments:
+        table = _table("id", "item", "kind", "change", "status", "best out tok/s", "verdict", "reason")
+        for e in experiments:
+            best, at = _best_output(store.bench_results(e.id or 0))
+            best_text = f"{best:,.0f} @ {at}" if best is not None else ""
+            table.add_row(
+                str(e.id), e.plan_item or "", e.kind, change(e), e.status, best_text, e.verdict or "", e.reason or ""
+            )
+        out.print(table)
+    else:
+        out.print("  (none)")
+
+    out.print("\n[bold]Pivots[/]", markup=True)
+    if pivots:
+        for p in pivots:
+            out.print(f"  #{p.id} {p.question}")
+            for i, option in enumerate(p.options, start=1):
+                out.print(f"     {i}. {option}")
+            out.print(f"     answer: {p.answer}" if p.answer is not None else "     (waiting for an answer)")
+    else:
+        out.print("  (none)")
+
+    if documents:
+        out.print("\n[bold]Documents[/]", markup=True)
+        for d in documents:
+            out.print(f"  {d.path}  {d.status}")
+
+
+# ---------------------------------------------------------------------------------------------- tools
+
+
+@cli.command("tools")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+def tools_cmd(as_json: bool) -> None:
+    """List the tool plugins with their tools, and the engines."""
+    failures: list[plugins.PluginFailure] = []
+    toolsets = plugins.load_all(plugins.TOOLS_GROUP, on_failure=failures.append)
+    engines = plugins.load_all(plugins.ENGINES_GROUP, on_failure=failures.append)
+    for failure in failures:
+        _warn(str(failure))
+    tool_rows = [
+        {
+            "plugin": name,
+            "distribution": toolsets.infos[name].dist,
+            "entry_point": toolsets.infos[name].value,
+            "tools": [{"name": n, "description": d} for n, d in plugins.describe_tools(ts)],
+        }
+        for name, ts in toolsets.plugins.items()
+    ]
+    engine_rows = [
+        {
+            "engine": name,
+            "distribution": engines.infos[name].dist,
+            "entry_point": engines.infos[name].value,
+            "description": plugins.describe(factory),
+        }
+        for name, factory in engines.plugins.items()
+    ]
+    if as_json:
+        _json({"tools": tool_rows, "engines": engine_rows, "failed": [str(f) for f in failures]})
+        return
+    out.print("[bold]Tool plugins[/]", markup=True)
+    if not tool_rows:
+        out.print("  (none)")
+    for row in tool_rows:
+        out.print(f"  {row['plugin']}  [dim]({row['distribution'] or 'no distribution'})[/]", markup=True)
+        for tool in row["tools"]:
+            out.print(f"    {tool['name']:<24} {tool['description']}")
+    out.print("\n[bold]Engines[/]", markup=True)
+    if not engine_rows:
+        out.print("  (none installed)")
+    for row in engine_rows:
+        out.print(f"  {row['engine']:<12} {row['description']}  [dim]({row['distribution']})[/]", markup=True)
+
+
+# ---------------------------------------------------------------------------------------------- plans
+
+
+@cli.group()
+def plan() -> None:
+    """Check and list optimization plans."""
+
+
+@plan.command("check")
+@click.argument("plan_ref", metavar="FILE")
+@click.option("--json", "as_json", is_flag=True, help="Print the validated plan as JSON on stdout.")
+def plan_check(plan_ref: str, as_json: bool) -> None:
+    """Validate a plan file (or a shipped plan by name) and summarize it."""
+    p = load_plan(plan_ref)
+    if as_json:
+        _json(_dump(p))
+        return
+    t = p.target
+    out.print(f"[green]ok[/] {p.source}", markup=True)
+    out.print(f"[bold]{p.name}[/]: {p.title}", markup=True)
+    out.print(f"target {t.model} on {t.gpus}x {t.hardware}, {t.engine} {t.engine_version or ''}".rstrip())
+    out.print(f"base flags: {t.flags or '(none)'}")
+    w = p.workload
+    out.print(
+        f"workload: {w.dataset_name} in {w.random_input_len} / out {w.random_output_len} "
+        f"(range ratio {w.random_range_ratio}), concurrency {', '.join(map(str, w.concurrency))}, "
+        f"endpoint {w.endpoint}"
+    )
+    table = _table("id", "tier", "kind", "title", "change")
+    for item in p.items:
+        if item.kind == "code":
+            what = "(code change)"
+        elif item.kind == "workload":
+            what = ", ".join(f"{k}={v}" for k, v in (item.workload or {}).items())
+        elif item.kind == "profile":
+            what = "(measurement)"
+        else:
+            what = " ".join([str(item.flags or ""), *(f"(drop {f})" for f in item.remove_flags)]).strip()
+        tier = f"{item.tier} {p.tiers.get(item.tier, '')}".strip()
+        table.add_row(item.id, tier, item.kind, item.title, what)
+    out.print(table)
+    if p.prior:
+        out.print(f"prior results: {len(p.prior)} (" + "; ".join(f"{r.title}: {r.verdict}" for r in p.prior) + ")")
+
+
+@plan.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array on stdout.")
+def plan_list(as_json: bool) -> None:
+    """List the plans that ship with pivot."""
+    rows = []
+    for name, path in bundled_plans().items():
+        try:
+            p = load_plan(path)
+            rows.append({"name": name, "title": p.title, "items": len(p.items), "path": str(path), "error": None})
+        except PivotError as e:
+            rows.append({"name": name, "title": "", "items": 0, "path": str(path), "error": e.message})
+    if as_json:
+        _json(rows)
+        return
+    table = _table("name", "items", "title")
+    for row in rows:
+        table.add_row(row["name"], str(row["items"]), row["title"] or f"[red]{row['error']}[/]")
+    out.print(table)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    runner: Callable[..., Any] = cli
+    runner(args=argv if argv is not None else sys.argv[1:], prog_name="pivot")
+
+
+if __name__ == "__main__":
+    main()

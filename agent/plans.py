@@ -1,0 +1,167 @@
+"""Load and validate plans (TOML); every error names the file, the line and the field.
+
+A plan file looks like this (see plans/ for complete ones):
+
+    name = "glm5-nvfp4-rtxpro6000x8"
+    title = "GLM-5-NVFP4 on 8x RTX PRO 6000 Blackwell"
+
+    [target]
+    model = "lukealonso/GLM-5-NVFP4"
+    hardware = "rtx-pro-6000-blackwell"
+    gpus = 8
+    engine = "sglang"
+    flags = "--tp-size 8"
+
+    [workload]
+    random_input_len = 1024
+    concurrency = [1, 256, 512, 1024, 2048]
+
+    [[items]]
+    id = "01"
+    tier = 1
+    kind = "flag"
+    title = "..."
+    flags = "--max-running-requests 2048"
+    hypothesis = "..."
+    expected_impact = "..."
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from agent.errors import PlanError
+from agent.models import Plan
+
+_TABLE = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(#.*)?$")
+_ARRAY_TABLE = re.compile(r"^\s*\[\[\s*([^\[\]]+?)\s*\]\]\s*(#.*)?$")
+_KEY = re.compile(r"""^\s*((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*=""")
+
+
+def _split_key(text: str) -> tuple[str, ...]:
+    parts = re.findall(r"""[A-Za-z0-9_-]+|"[^"]*"|'[^']*'""", text)
+    return tuple(p.strip("\"'") for p in parts)
+
+
+def key_lines(text: str) -> dict[tuple[str | int, ...], int]:
+    """Map each table and key path of a TOML document to the 1-based line that defines it.
+
+    Array-of-tables entries get their index (`items[2].kind` is ("items", 2, "kind")). Lines inside
+    multi-line strings and arrays are not keys, so only lines at the start of a statement are read.
+    """
+    lines: dict[tuple[str | int, ...], int] = {}
+    counts: dict[tuple[str, ...], int] = {}
+    table: tuple[str | int, ...] = ()
+    depth = 0  # open brackets of a multi-line array or inline table
+    in_string: str | None = None
+    for number, line in enumerate(text.splitlines(), start=1):
+        if in_string:
+            if in_string in line:
+                in_string = None
+            continue
+        if depth == 0:
+            if match := _ARRAY_TABLE.match(line):
+                name = _split_key(match.group(1))
+                counts[name] = counts.get(name, -1) + 1
+                table = (*name, counts[name])
+                lines.setdefault(table, number)
+                lines.setdefault(name, number)
+                continue
+            if match := _TABLE.match(line):
+                table = _split_key(match.group(1))
+                lines.setdefault(table, number)
+                continue
+            if match := _KEY.match(line):
+                lines.setdefault((*table, *_split_key(match.group(1))), number)
+        for quote in ('"""', "'''"):
+            if line.count(quote) % 2 == 1:
+                in_string = quote
+                line = line.split(quote, 1)[0]
+        code = re.sub(r"""("[^"\\]*(?:\\.[^"\\]*)*"|'[^']*')""", "", line).split("#", 1)[0]
+        depth += code.count("[") + code.count("{") - code.count("]") - code.count("}")
+        depth = max(depth, 0)
+    return lines
+
+
+def _line_for(lines: dict[tuple[str | int, ...], int], loc: tuple[str | int, ...]) -> int | None:
+    """The line of the longest prefix of `loc` that the document defines."""
+    for n in range(len(loc), 0, -1):
+        if loc[:n] in lines:
+            return lines[loc[:n]]
+    return None
+
+
+def _field_name(loc: tuple[str | int, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(plan)"
+
+
+def parse_plan(text: str, source: str = "<plan>") -> Plan:
+    """Parse and validate plan text; PlanError names `source`, the line and the field of the first problem."""
+    try:
+        data: dict[str, Any] = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise PlanError(f"{source}: not valid TOML: {e}", hint="fix the syntax at that line") from e
+    data.pop("source", None)
+    try:
+        plan = Plan.model_validate(data)
+    except ValidationError as e:
+        lines = key_lines(text)
+        problems = []
+        for err in e.errors(include_url=False):
+            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith(("function-", "tagged-"))))
+            # model-level checks report the loc of their model; field-level ones the field itself
+            line = _line_for(lines, loc)
+            where = f"{source}:{line}" if line else source
+            message = err["msg"].removeprefix("Value error, ")
+            problems.append(f"{where}: {_field_name(loc)}: {message}")
+        shown = problems[:10] + ([f"... and {len(problems) - 10} more"] if len(problems) > 10 else [])
+        raise PlanError("\n".join(shown)) from e
+    return plan.model_copy(update={"source": source})
+
+
+def bundled_plans_dir() -> Path:
+    """Where the plans that ship with pivot are: inside the installed package, or plans/ in a checkout."""
+    spec = importlib.util.find_spec("agent.bundled_plans")
+    if spec is not None and spec.submodule_search_locations:
+        for location in spec.submodule_search_locations:
+            if Path(location).is_dir():
+                return Path(location)
+    return Path(__file__).resolve().parent.parent / "plans"
+
+
+def bundled_plans() -> dict[str, Path]:
+    """Plans shipped with pivot, by file stem."""
+    folder = bundled_plans_dir()
+    return {p.stem: p for p in sorted(folder.glob("*.toml"))} if folder.is_dir() else {}
+
+
+def resolve_plan_path(ref: str | Path) -> Path:
+    """A plan file from a path, or the name of a plan that ships with pivot."""
+    path = Path(ref).expanduser()
+    if path.is_file():
+        return path
+    shipped = bundled_plans()
+    name = path.stem if path.suffix == ".toml" else str(ref)
+    if name in shipped:
+        return shipped[name]
+    known = ", ".join(shipped) or "none"
+    raise PlanError(f"no plan file {str(ref)!r}", hint=f"give a path to a .toml file, or one of: {known}")
+
+
+def load_plan(ref: str | Path) -> Plan:
+    """Read, parse and validate a plan file (or a shipped plan by name)."""
+    path = resolve_plan_path(ref)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise PlanError(f"{path}: cannot read the plan: {e}") from e
+    return parse_plan(text, source=str(path))

@@ -1,0 +1,232 @@
+"""What every tool receives (the live Session) and the Engine and Deployment protocols that engines implement.
+
+A tool is `def tool(ctx: RunContext[Session], ...) -> Model`: through `ctx.deps` it reaches the
+ledger, the plan, the target, the engine, the paths of this session's files and the event sink.
+Engines are found through the `pivot.engines` entry points and all speak the two protocols below,
+so the agent, the tools and the reports never care whether GPUs are real or simulated.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from agent import models as m
+from agent import plugins
+from agent.errors import PivotError
+from agent.store import Store, new_session_id
+
+EventSink = Callable[[m.Event], None]
+ProgressCallback = Callable[[str], None]
+
+
+def _discard(_: m.Event) -> None:
+    """The default event sink: nobody is watching."""
+
+
+@runtime_checkable
+class Deployment(Protocol):
+    """A running (or starting) server: something that can be waited for, benchmarked, read and stopped."""
+
+    base_url: str
+
+    def wait_ready(self, timeout_s: float, on_progress: ProgressCallback | None = None) -> None:
+        """Return once the server answers; raise PivotError with the classified reason if it dies or times out."""
+        ...
+
+    def alive(self) -> bool:
+        """Whether the server process is still running."""
+        ...
+
+    def log_tail(self, n: int = 50) -> list[str]:
+        """The last `n` lines of the server's log."""
+        ...
+
+    def benchmark(self, spec: m.BenchSpec, on_progress: ProgressCallback | None = None) -> m.BenchResult:
+        """Run the sweep `spec` against this server; failed requests are counted, never raised."""
+        ...
+
+    def telemetry(self) -> m.Telemetry:
+        """GPU and server readings now (source says measured, simulated or unavailable)."""
+        ...
+
+    def stop(self) -> None:
+        """Stop the server and everything it started; safe to call twice."""
+        ...
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A serving engine: it audits flags and launches deployments."""
+
+    name: str
+
+    def validate(self, config: m.ServerConfig) -> list[m.FlagIssue]:
+        """One row per flag as typed: ok, unknown, ambiguous, deprecated, invalid or noop, with a message."""
+        ...
+
+    def launch(self, config: m.ServerConfig, log_path: Path) -> Deployment:
+        """Start a server with `config`, logging to `log_path`; returns before it is ready."""
+        ...
+
+
+EngineFactory = Callable[..., Engine]
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where one home keeps its files: the ledger in state/, generated documents in docs_out/."""
+
+    home: Path
+
+    @classmethod
+    def from_env(cls, home: str | Path | None = None) -> Paths:
+        """`home`, else $PIVOT_HOME, else the current directory."""
+        chosen = home if home is not None else os.environ.get("PIVOT_HOME") or "."
+        return cls(Path(chosen).expanduser().resolve())
+
+    @property
+    def state_dir(self) -> Path:
+        return self.home / "state"
+
+    @property
+    def db_path(self) -> Path:
+        return self.state_dir / "pivot.db"
+
+    @property
+    def docs_root(self) -> Path:
+        return self.home / "docs_out"
+
+    def session_state_dir(self, session_id: str) -> Path:
+        """state/<session>/: server logs and raw benchmark JSONL of one session."""
+        return self.state_dir / session_id
+
+    def logs_dir(self, session_id: str) -> Path:
+        return self.session_state_dir(session_id) / "logs"
+
+    def raw_dir(self, session_id: str) -> Path:
+        return self.session_state_dir(session_id) / "bench"
+
+    def docs_dir(self, session_id: str) -> Path:
+        """docs_out/<session>/: improvement documents and status summaries."""
+        return self.docs_root / session_id
+
+    def relative(self, path: Path) -> str:
+        """A path as the ledger records it: relative to the home when inside it."""
+        try:
+            return str(path.resolve().relative_to(self.home))
+        except ValueError:
+            return str(path)
+
+
+def load_engine(name: str, **options: Any) -> Engine:
+    """Build the engine registered under `name` in the `pivot.engines` entry points."""
+    factory = plugins.load(plugins.ENGINES_GROUP, name)
+    try:
+        engine = factory(**options)
+    except PivotError:
+        raise
+    except Exception as e:
+        raise PivotError(f"engine {name!r} could not be set up: {type(e).__name__}: {e}") from e
+    if not isinstance(engine, Engine):
+        raise PivotError(f"engine plugin {name!r} did not return an Engine (got {type(engine).__name__})")
+    return engine
+
+
+@dataclass
+class Session:
+    """The live session handed to every tool: ledger, plan, target, engine, paths and an event sink.
+
+    Opening a session locks it for this process (see Store.acquire_session); close() releases it.
+    """
+
+    store: Store
+    record: m.Session
+    paths: Paths
+    engine: Engine | None = None
+    events: EventSink = field(default=_discard)
+    notices: list[str] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @property
+    def plan(self) -> m.Plan:
+        return self.record.plan
+
+    @property
+    def target(self) -> m.Target:
+        return self.record.plan.target
+
+    def emit(self, kind: str, message: str, **data: Any) -> None:
+        """Tell whoever is watching (CLI progress, the TUI) that something happened."""
+        self.events(m.Event(kind=kind, message=message, data=data))
+
+    def refresh(self) -> m.Session:
+        """Re-read the session's record from the ledger."""
+        self.record = self.store.get_session(self.record.id)
+        return self.record
+
+    @classmethod
+    def create(
+        cls,
+        store: Store,
+        paths: Paths,
+        plan: m.Plan,
+        *,
+        name: str | None = None,
+        engine_name: str | None = None,
+        model: str = "autopilot",
+        engine: Engine | None = None,
+        events: EventSink = _discard,
+    ) -> Session:
+        """Record a new session for `plan` and open it (locked for this process)."""
+        session_id = new_session_id()
+        while True:
+            try:
+                store.get_session(session_id)
+            except PivotError:
+                break
+            session_id = new_session_id()
+        record = m.Session(
+            id=session_id,
+            name=name or plan.name,
+            plan=plan,
+            engine=engine_name or (engine.name if engine else plan.target.engine),
+            model=model,
+        )
+        store.create_session(record)
+        return cls.open(store, paths, record.id, engine=engine, events=events)
+
+    @classmethod
+    def open(
+        cls,
+        store: Store,
+        paths: Paths,
+        ref: str,
+        *,
+        engine: Engine | None = None,
+        events: EventSink = _discard,
+    ) -> Session:
+        """Open a recorded session by id, id prefix or name, and lock it for this process."""
+        record = store.get_session(ref)
+        notice = store.acquire_session(record.id)
+        session = cls(store=store, record=record, paths=paths, engine=engine, events=events)
+        if notice:
+            session.notices.append(notice)
+            session.emit("warning", notice)
+        return session
+
+    def close(self) -> None:
+        """Release this process's lock on the session."""
+        self.store.release_session(self.record.id)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

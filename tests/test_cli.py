@@ -1,0 +1,128 @@
+"""The `pivot` command as a user meets it: versions, sessions, show, tools; JSON alone on stdout; errors without tracebacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from agent import __version__
+from agent import models as m
+from agent.cli import cli
+from agent.store import Store
+
+
+def run(*args: str, **kw):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False, **kw)
+
+
+def _populate(store: Store, plan: m.Plan) -> str:
+    store.create_session(m.Session(id="demo01", name="demo", plan=plan, engine="sim"))
+    store.replace_todos(
+        "demo01",
+        [
+            m.Todo(content="baseline", status="completed", priority="high"),
+            m.Todo(content="try 01", status="in_progress", plan_item="01"),
+        ],
+    )
+    base = store.add_experiment(
+        "demo01",
+        m.Experiment(
+            kind="baseline",
+            config=plan.target.base_config(),
+            workload=plan.workload,
+            status="finished",
+            verdict="baseline",
+        ),
+    )
+    item = plan.item("01")
+    e = store.add_experiment(
+        "demo01",
+        m.Experiment(
+            plan_item="01",
+            config=item.apply(base.config),
+            base_experiment_id=base.id,
+            workload=plan.workload,
+            status="finished",
+            verdict="no_gain",
+            reason="+0.4% at 8, inside the 2% noise",
+        ),
+    )
+    store.add_pivot("demo01", m.Pivot(question="Tier 1 done. Go on to Tier 2?", options=["Tier 2", "stop"]))
+    return f"{base.id},{e.id}"
+
+
+def test_version():
+    result = run("--version")
+    assert result.exit_code == 0 and result.stdout.strip() == f"pivot {__version__}"
+
+
+def test_sessions_on_an_empty_home_creates_the_ledger(pivot_home):
+    result = run("sessions")
+    assert result.exit_code == 0 and "No sessions" in result.stdout
+    assert (pivot_home / "state" / "pivot.db").is_file()
+    result = run("sessions", "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout) == []
+
+
+def test_home_option_beats_the_environment(tmp_path, pivot_home):
+    other = tmp_path / "other"
+    assert run("--home", str(other), "sessions").exit_code == 0
+    assert (other / "state" / "pivot.db").is_file()
+    assert not (pivot_home / "state").exists()
+
+
+def test_sessions_and_show(store, small_plan, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # a wide terminal, so table cells are not folded
+    _populate(store, small_plan)
+    result = run("sessions", "--json")
+    assert result.exit_code == 0
+    (row,) = json.loads(result.stdout)
+    assert row["id"] == "demo01" and row["experiments"] == 2 and row["status"] == "waiting"
+    assert row["open_pivot"] == "Tier 1 done. Go on to Tier 2?" and row["target"] == "org/model-7b on 1x h200"
+    text = run("sessions").stdout
+    assert "demo01" in text and "Tier 1 done" in text
+
+    shown = run("show", "demo", "--json")
+    assert shown.exit_code == 0
+    data = json.loads(shown.stdout)
+    assert [t["content"] for t in data["todos"]] == ["baseline", "try 01"]
+    assert [(e["verdict"], e["change"]) for e in data["experiments"]] == [
+        ("baseline", "(no change)"),
+        ("no_gain", "--max-running-requests 64"),
+    ]
+    assert data["pivots"][0]["options"] == ["Tier 2", "stop"] and data["locked_by_pid"] is None
+
+    text = run("show", "demo01").stdout
+    lines = [" ".join(line.split()) for line in text.splitlines()]
+    assert "[x] baseline high" in lines and "[>] try 01 medium 01" in lines
+    for expected in (
+        "no_gain",
+        "inside the 2% noise",
+        "1. Tier 2",
+        "(waiting for an answer)",
+        "--max-running-requests 64",
+    ):
+        assert expected in text, expected
+
+
+def test_show_unknown_session_is_a_clear_error():
+    result = run("show", "nope")
+    assert result.exit_code == 1
+    assert "error: no session 'nope'" in result.stderr and "hint: `pivot sessions` lists them" in result.stderr
+    assert result.stdout == ""
+
+
+def test_tools_lists_builtin_plugins():
+    result = run("tools", "--json")
+    assert result.exit_code == 0
+    data = json.loads(result.stdout)
+    todo = next(row for row in data["tools"] if row["plugin"] == "todo")
+    assert [t["name"] for t in todo["tools"]] == ["todo_read", "todo_write", "plan_read"]
+
+
+def test_console_script_runs_without_traceback_on_errors(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "agent.cli", "show", "x"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "no session 'x'" in proc.stderr

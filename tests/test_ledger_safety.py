@@ -1,0 +1,125 @@
+"""The ledger under bad conditions: a corrupt file, and a session locked by a live or a killed process."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from agent import models as m
+from agent.errors import LedgerError, SessionLocked
+from agent.session import Paths, Session
+from agent.store import Store
+
+PIVOT = [sys.executable, "-m", "agent.cli"]
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("header", [b"", b"SQLite format 3\x00"], ids=["random", "sqlite-header-then-garbage"])
+def test_corrupt_ledger_gives_a_clear_error_and_is_untouched(paths, header):
+    paths.state_dir.mkdir(parents=True)
+    paths.db_path.write_bytes(header + os.urandom(64 * 1024))
+    before = _digest(paths.db_path)
+    proc = subprocess.run([*PIVOT, "sessions"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "damaged or not a pivot database" in proc.stderr and "hint:" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert _digest(paths.db_path) == before
+    assert sorted(p.name for p in paths.state_dir.iterdir()) == ["pivot.db"]  # no -wal or -shm beside it
+    with pytest.raises(LedgerError):
+        Store(paths.db_path)
+    assert _digest(paths.db_path) == before
+
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from agent.store import Store
+    store = Store(sys.argv[1])
+    store.acquire_session(sys.argv[2])
+    print("locked", flush=True)
+    time.sleep(120)
+    """
+)
+
+
+def _hold_lock(db_path: Path, session_id: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(db_path), session_id], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def _wait_for_zombie(pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat[stat.rfind(")") + 2 :].split()[0] == "Z":
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"pid {pid} did not die")
+
+
+@pytest.mark.parametrize("reap", [True, False], ids=["reaped", "zombie"])
+def test_lock_of_a_live_process_refuses_and_a_killed_ones_is_taken_over(paths, store, small_plan, reap):
+    store.create_session(m.Session(id="lock01", name="locked", plan=small_plan, engine="sim"))
+    holder = _hold_lock(paths.db_path, "lock01")
+    try:
+        with pytest.raises(SessionLocked, match=f"in use by pid {holder.pid}"):
+            Session.open(store, paths, "lock01")
+        assert store.session_lock("lock01") == holder.pid
+        (summary,) = store.session_summaries()
+        assert summary.locked_by_pid == holder.pid
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        if reap:
+            holder.wait()
+        else:  # SIGKILL is delivered asynchronously: wait until it is a zombie, without reaping it
+            _wait_for_zombie(holder.pid)
+    try:
+        session = Session.open(store, paths, "lock01")
+        assert session.notices == [
+            f"session lock01 was locked by pid {holder.pid}, which is no longer running; lock taken over"
+        ]
+        assert store.session_lock("lock01") == os.getpid()
+        session.close()
+        assert store.session_lock("lock01") is None
+    finally:
+        holder.wait()
+
+
+def test_same_process_can_reopen_its_session(paths, store, small_plan):
+    with Session.create(store, paths, small_plan, engine_name="sim") as s:
+        assert store.session_lock(s.id) == os.getpid()
+        again = Session.open(store, paths, s.id)
+        assert again.notices == []
+    assert store.session_lock(s.id) is None
+
+
+def test_cli_show_says_who_holds_the_lock(paths, store, small_plan):
+    store.create_session(m.Session(id="lock02", name="shown", plan=small_plan, engine="sim"))
+    holder = _hold_lock(paths.db_path, "lock02")
+    try:
+        proc = subprocess.run([*PIVOT, "show", "lock02"], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert f"in use by pid {holder.pid}" in proc.stdout
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_paths_default_to_pivot_home(pivot_home, tmp_path, monkeypatch):
+    assert Paths.from_env().home == pivot_home.resolve()
+    assert Paths.from_env(tmp_path / "x").db_path == (tmp_path / "x" / "state" / "pivot.db").resolve()
+    monkeypatch.delenv("PIVOT_HOME")
+    monkeypatch.chdir(tmp_path)
+    assert Paths.from_env().home == tmp_path.resolve()
