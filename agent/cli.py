@@ -117,6 +117,17 @@ def sessions(home: Home, as_json: bool) -> None:
     out.print(table)
 
 
+@cli.command()
+@click.argument("session_ref", metavar="SESSION")
+@click.option("--force", is_flag=True, help="Clear the lock even if its process is still running here.")
+@pass_home
+def unlock(home: Home, session_ref: str, force: bool) -> None:
+    """Clear a session's lock left by a process that is gone (or by a host that no longer exists)."""
+    session = home.store.get_session(session_ref)
+    pid = home.store.break_session_lock(session.id, force=force)
+    out.print(f"session {session.id}: " + (f"lock of pid {pid} cleared" if pid else "was not locked"))
+
+
 def _best_output(results: list[m.BenchResult]) -> tuple[float | None, int | None]:
     best: tuple[float | None, int | None] = (None, None)
     for result in results:

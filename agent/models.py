@@ -197,17 +197,15 @@ class ServerConfig(_Model):
     def with_flags(self, other: ServerConfig | str | Sequence[str]) -> ServerConfig:
         """A copy with `other`'s flags set: a flag already present is replaced where it stood, new ones go last."""
         extra = other if isinstance(other, ServerConfig) else ServerConfig.parse(other)
-        updates = {f.name: f for f in extra.flags}
+        updates = {f.name: f for f in extra.flags}  # the last of a repeated flag wins
+        existing = set(self.names())
         out: list[Flag] = []
-        seen: set[str] = set()
         for flag in self.flags:
-            if flag.name in updates:
-                if flag.name not in seen:
-                    out.append(updates[flag.name])
-                    seen.add(flag.name)
-            else:
+            if flag.name not in updates:
                 out.append(flag)
-        out.extend(f for f in extra.flags if f.name not in seen and f.name not in {g.name for g in self.flags})
+            elif updates[flag.name] not in out:
+                out.append(updates[flag.name])
+        out.extend(f for name, f in updates.items() if name not in existing)
         return ServerConfig(flags=tuple(out), env={**self.env, **extra.env})
 
     def without(self, *names: str) -> ServerConfig:
@@ -581,6 +579,7 @@ class Experiment(_Model):
     status: ExperimentStatus = "planned"
     verdict: Verdict | None = None
     reason: str | None = Field(default=None, description="Why the verdict, with the measured numbers.")
+    audit: list[FlagIssue] = Field(default_factory=list, description="The flag audit of `config` before launch.")
     failure: str | None = Field(default=None, description="Classified failure, e.g. oom, unrecognized-argument.")
     log_path: str | None = None
     created_at: datetime = Field(default_factory=utcnow)

@@ -21,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from sqlite_utils import Database
 
 from agent import models as m
@@ -30,6 +31,7 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 BUSY_TIMEOUT_S = 30.0
 
 Migration = tuple[str, Callable[[Database], None]]
+_UNLOCK = "update sessions set lock_pid = null, lock_host = null, lock_proc_start = null, lock_at = null "
 
 
 # --------------------------------------------------------------------------------------------------
@@ -93,6 +95,7 @@ def _m001_initial(db: Database) -> None:
             "status": str,
             "verdict": str,
             "reason": str,
+            "audit_json": str,
             "failure": str,
             "log_path": str,
             "created_at": str,
@@ -439,23 +442,29 @@ class Store:
 
     @staticmethod
     def _session(row: dict[str, Any]) -> m.Session:
-        return m.Session(
-            id=row["id"],
-            name=row["name"],
-            plan=m.Plan.model_validate_json(row["plan_json"]),
-            engine=row["engine"],
-            model=row["model"],
-            status=row["status"],
-            created_at=_dt(row["created_at"]),
-            updated_at=_dt(row["updated_at"]),
-        )
+        try:
+            return m.Session(
+                id=row["id"],
+                name=row["name"],
+                plan=m.Plan.model_validate_json(row["plan_json"]),
+                engine=row["engine"],
+                model=row["model"],
+                status=row["status"],
+                created_at=_dt(row["created_at"]),
+                updated_at=_dt(row["updated_at"]),
+            )
+        except (ValidationError, ValueError) as e:
+            raise LedgerError(
+                f"session {row['id']} in the ledger cannot be read: {e}",
+                hint="it may have been written by another version of pivot",
+            ) from e
 
     def get_session(self, ref: str) -> m.Session:
         """The session with this id, a unique id prefix, or this name (the newest of that name)."""
         with self._read() as db:
             rows = list(db["sessions"].rows_where("id = ?", [ref]))
             if not rows:
-                rows = list(db["sessions"].rows_where("id like ? || '%'", [ref])) if len(ref) >= 2 else []
+                rows = list(db["sessions"].rows_where("substr(id, 1, ?) = ?", [len(ref), ref])) if len(ref) >= 2 else []
                 if len(rows) > 1:
                     ids = ", ".join(sorted(r["id"] for r in rows))
                     raise SessionNotFound(f"{ref!r} matches several sessions: {ids}", hint="give more of the id")
@@ -527,7 +536,8 @@ class Store:
                 if row["lock_host"] != host:
                     raise SessionLocked(
                         f"session {session_id} is in use by pid {pid} on host {row['lock_host']}",
-                        hint="stop pivot there first; a lock held from another host cannot be checked from here",
+                        hint="stop pivot there first; if it is gone (a container that was replaced), "
+                        f"`pivot unlock {session_id}` clears the lock",
                     )
                 if _pid_alive(pid, row["lock_proc_start"]):
                     raise SessionLocked(
@@ -541,12 +551,33 @@ class Store:
             )
         return notice
 
+    def break_session_lock(self, session_id: str, *, force: bool = False) -> int | None:
+        """Clear a session's lock when its holder is gone (or held from another host); returns the old pid.
+
+        A holder alive on this host is refused unless `force`: stopping it is the right fix then.
+        """
+        with self._write() as db:
+            rows = list(db["sessions"].rows_where("id = ?", [session_id]))
+            if not rows:
+                raise SessionNotFound(f"no session {session_id!r}")
+            row = rows[0]
+            pid = row["lock_pid"]
+            if pid is None:
+                return None
+            here = row["lock_host"] == socket.gethostname()
+            if here and _pid_alive(pid, row["lock_proc_start"]) and not force:
+                raise SessionLocked(
+                    f"session {session_id} is in use by pid {pid}, which is running",
+                    hint=f"stop it (kill {pid}) instead; --force clears the lock anyway",
+                )
+            db.execute(_UNLOCK + "where id = ?", [session_id])
+            return pid
+
     def release_session(self, session_id: str) -> None:
         """Drop this process's lock on the session (a lock held by another process is left alone)."""
         with self._write() as db:
             db.execute(
-                "update sessions set lock_pid = null, lock_host = null, lock_proc_start = null, lock_at = null "
-                "where id = ? and lock_pid = ? and lock_host = ?",
+                _UNLOCK + "where id = ? and lock_pid = ? and lock_host = ?",
                 [session_id, os.getpid(), socket.gethostname()],
             )
 
@@ -620,6 +651,7 @@ class Store:
             "status": e.status,
             "verdict": e.verdict,
             "reason": e.reason,
+            "audit_json": json.dumps([issue.model_dump() for issue in e.audit]),
             "failure": e.failure,
             "log_path": e.log_path,
             "created_at": _ts(e.created_at),
@@ -642,6 +674,7 @@ class Store:
             status=row["status"],
             verdict=row["verdict"],
             reason=row["reason"],
+            audit=json.loads(row["audit_json"] or "[]"),
             failure=row["failure"],
             log_path=row["log_path"],
             created_at=_dt(row["created_at"]),

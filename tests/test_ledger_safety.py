@@ -123,3 +123,22 @@ def test_paths_default_to_pivot_home(pivot_home, tmp_path, monkeypatch):
     monkeypatch.delenv("PIVOT_HOME")
     monkeypatch.chdir(tmp_path)
     assert Paths.from_env().home == tmp_path.resolve()
+
+
+def test_unlock_clears_a_dead_or_foreign_lock_but_not_a_live_one(paths, store, small_plan):
+    store.create_session(m.Session(id="lock03", name="x", plan=small_plan, engine="sim"))
+    holder = _hold_lock(paths.db_path, "lock03")
+    try:
+        proc = subprocess.run([*PIVOT, "unlock", "lock03"], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 1 and f"in use by pid {holder.pid}, which is running" in proc.stderr
+        store.db.conn.execute("update sessions set lock_host = 'gone-container' where id = 'lock03'")
+        store.db.conn.commit()
+        with pytest.raises(SessionLocked, match="on host gone-container") as info:
+            Session.open(store, paths, "lock03")
+        assert "pivot unlock lock03" in info.value.hint
+        proc = subprocess.run([*PIVOT, "unlock", "lock03"], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0 and f"lock of pid {holder.pid} cleared" in proc.stdout
+        Session.open(store, paths, "lock03").close()
+    finally:
+        holder.kill()
+        holder.wait()

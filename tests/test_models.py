@@ -64,6 +64,7 @@ def test_repeated_flag_last_one_wins_and_with_flags_collapses_it():
     cfg = ServerConfig.parse("--tp-size 4 --tp-size 8")
     assert cfg.get("--tp-size").value == "8"
     assert cfg.with_flags("--tp-size 2").argv() == ["--tp-size", "2"]
+    assert ServerConfig().with_flags("--ep 2 --ep 4").argv() == ["--ep", "4"]
 
 
 def test_diff_names_added_removed_changed_flags_and_env():

@@ -111,6 +111,10 @@ def test_experiment_bench_and_telemetry_round_trip(store, small_plan):
         ),
     )
     assert (base.id, e.id) == (1, 2) and e.session_id == "abc123"
+    audit = [
+        m.FlagIssue(flag="--tp-size", status="ok"),
+        m.FlagIssue(flag="--enable-piecewise-cuda-graph", status="unknown", message="removed in 0.5.23"),
+    ]
     done = e.model_copy(
         update=dict(
             status="finished",
@@ -119,6 +123,7 @@ def test_experiment_bench_and_telemetry_round_trip(store, small_plan):
             started_at=T0,
             finished_at=T0,
             log_path="state/abc123/logs/2.log",
+            audit=audit,
         )
     )
     store.update_experiment(done)
@@ -280,3 +285,20 @@ def test_reopening_keeps_everything(paths, small_plan):
     with Store(paths.db_path) as s:
         assert s.get_session("abc123").plan == small_plan
         assert s.applied == []  # nothing left to migrate
+
+
+def test_a_full_plan_round_trips(store):
+    from agent.plans import load_plan
+
+    plan = load_plan("glm5-nvfp4-rtxpro6000x8")
+    store.create_session(_session(plan))
+    back = store.get_session("abc123").plan
+    assert back == plan and back.prior[0].flags.argv() == ["--tp-size", "4", "--pp-size", "2"]
+    assert back.tiers == {1: "Flag flips", 2: "Configuration", 3: "Code changes"}
+
+
+def test_an_unreadable_session_row_is_a_clear_error(store, small_plan):
+    store.create_session(_session(small_plan))
+    store.db.conn.execute("update sessions set plan_json = '{\"name\": 3}'")
+    with pytest.raises(PivotError, match="session abc123 in the ledger cannot be read"):
+        store.get_session("abc123")
