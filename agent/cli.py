@@ -6,25 +6,20 @@ Tables and text go to stdout; with --json, stdout carries JSON alone and everyth
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from functools import cached_property
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from agent import __version__, plugins
 from agent import models as m
+from agent.console import dump, err, make_table, out, print_json, warn
 from agent.errors import PivotError
 from agent.plans import bundled_plans, load_plan
 from agent.session import Paths
 from agent.store import Store
-
-out = Console(highlight=False, soft_wrap=True, markup=False)
-err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 
 class Home:
@@ -49,27 +44,6 @@ class PivotGroup(click.Group):
             if e.hint:
                 err.print(f"[yellow]hint:[/] {e.hint}", markup=True)
             ctx.exit(1)
-
-
-def _json(data: Any) -> None:
-    """Print JSON alone on stdout."""
-    click.echo(json.dumps(data, indent=2, default=str))
-
-
-def _dump(model: Any) -> Any:
-    return json.loads(model.model_dump_json())
-
-
-def _warn(message: str) -> None:
-    err.print(f"[yellow]warning:[/] {message}", markup=True)
-
-
-def _table(*columns: str) -> Table:
-    """A borderless table whose cells wrap instead of being cut with an ellipsis."""
-    table = Table(box=None)
-    for column in columns:
-        table.add_column(column, overflow="fold")
-    return table
 
 
 def _when(value: Any) -> str:
@@ -103,12 +77,12 @@ def sessions(home: Home, as_json: bool) -> None:
     """List sessions: id, name, target, status, experiments, open pivot, last update."""
     rows = home.store.session_summaries()
     if as_json:
-        _json([_dump(r) for r in rows])
+        print_json([dump(r) for r in rows])
         return
     if not rows:
         out.print(f"No sessions in {home.paths.home}.")
         return
-    table = _table("id", "name", "target", "engine", "status", "exps", "open pivot", "updated")
+    table = make_table("id", "name", "target", "engine", "status", "exps", "open pivot", "updated")
     for r in rows:
         status = r.status + (f" (pid {r.locked_by_pid})" if r.locked_by_pid else "")
         table.add_row(
@@ -157,22 +131,22 @@ def show(home: Home, session_ref: str, as_json: bool) -> None:
         return str(e.config.diff(base))
 
     if as_json:
-        _json(
+        print_json(
             {
-                "session": _dump(session),
+                "session": dump(session),
                 "locked_by_pid": store.session_lock(session.id),
-                "todos": [_dump(t) for t in todos],
+                "todos": [dump(t) for t in todos],
                 "experiments": [
                     {
-                        **_dump(e),
+                        **dump(e),
                         "change": change(e),
-                        "results": [_dump(r) for r in store.bench_results(e.id or 0)],
-                        "telemetry": [_dump(t) for t in store.telemetry(e.id or 0)],
+                        "results": [dump(r) for r in store.bench_results(e.id or 0)],
+                        "telemetry": [dump(t) for t in store.telemetry(e.id or 0)],
                     }
                     for e in experiments
                 ],
-                "pivots": [_dump(p) for p in pivots],
-                "documents": [_dump(d) for d in documents],
+                "pivots": [dump(p) for p in pivots],
+                "documents": [dump(d) for d in documents],
             }
         )
         return
@@ -187,7 +161,7 @@ def show(home: Home, session_ref: str, as_json: bool) -> None:
 
     out.print("\n[bold]Todos[/]", markup=True)
     if todos:
-        table = _table("", "todo", "priority", "item")
+        table = make_table("", "todo", "priority", "item")
         marks = {"pending": "[ ]", "in_progress": "[>]", "completed": "[x]", "cancelled": "[-]"}
         for todo in todos:
             table.add_row(marks[todo.status], todo.content, todo.priority, todo.plan_item or "")
@@ -197,7 +171,7 @@ def show(home: Home, session_ref: str, as_json: bool) -> None:
 
     out.print("\n[bold]Experiments[/]", markup=True)
     if experiments:
-        table = _table("id", "item", "kind", "change", "status", "best out tok/s", "verdict", "reason")
+        table = make_table("id", "item", "kind", "change", "status", "best out tok/s", "verdict", "reason")
         for e in experiments:
             best, at = _best_output(store.bench_results(e.id or 0))
             best_text = f"{best:,.0f} @ {at}" if best is not None else ""
@@ -235,7 +209,7 @@ def tools_cmd(as_json: bool) -> None:
     toolsets = plugins.load_all(plugins.TOOLS_GROUP, on_failure=failures.append)
     engines = plugins.load_all(plugins.ENGINES_GROUP, on_failure=failures.append)
     for failure in failures:
-        _warn(str(failure))
+        warn(str(failure))
     tool_rows = [
         {
             "plugin": name,
@@ -255,7 +229,7 @@ def tools_cmd(as_json: bool) -> None:
         for name, factory in engines.plugins.items()
     ]
     if as_json:
-        _json({"tools": tool_rows, "engines": engine_rows, "failed": [str(f) for f in failures]})
+        print_json({"tools": tool_rows, "engines": engine_rows, "failed": [str(f) for f in failures]})
         return
     out.print("[bold]Tool plugins[/]", markup=True)
     if not tool_rows:
@@ -286,7 +260,7 @@ def plan_check(plan_ref: str, as_json: bool) -> None:
     """Validate a plan file (or a shipped plan by name) and summarize it."""
     p = load_plan(plan_ref)
     if as_json:
-        _json(_dump(p))
+        print_json(dump(p))
         return
     t = p.target
     out.print(f"[green]ok[/] {p.source}", markup=True)
@@ -299,7 +273,7 @@ def plan_check(plan_ref: str, as_json: bool) -> None:
         f"(range ratio {w.random_range_ratio}), concurrency {', '.join(map(str, w.concurrency))}, "
         f"endpoint {w.endpoint}"
     )
-    table = _table("id", "tier", "kind", "title", "change")
+    table = make_table("id", "tier", "kind", "title", "change")
     for item in p.items:
         if item.kind == "code":
             what = "(code change)"
@@ -328,12 +302,21 @@ def plan_list(as_json: bool) -> None:
         except PivotError as e:
             rows.append({"name": name, "title": "", "items": 0, "path": str(path), "error": e.message})
     if as_json:
-        _json(rows)
+        print_json(rows)
         return
-    table = _table("name", "items", "title")
+    table = make_table("name", "items", "title")
     for row in rows:
         table.add_row(row["name"], str(row["items"]), row["title"] or f"[red]{row['error']}[/]")
     out.print(table)
+
+
+from agent.cli_sim import sim  # noqa: E402  (commands of their own modules)
+
+cli.add_command(sim)
+
+from agent.cli_bench import bench  # noqa: E402
+
+cli.add_command(bench)
 
 
 def main(argv: list[str] | None = None) -> None:

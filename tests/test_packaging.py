@@ -53,9 +53,13 @@ def test_wheel_ships_the_plans_and_the_entry_points(tmp_path):
         names = set(zf.namelist())
         entry_points = next(zf.read(n).decode() for n in names if n.endswith("entry_points.txt"))
     assert "agent/bundled_plans/glm5-nvfp4-rtxpro6000x8.toml" in names
+    assert {"tools/profiles/hardware/rtx-pro-6000-blackwell.toml", "tools/profiles/hardware/h200.toml",
+            "tools/profiles/models/glm-5-nvfp4.toml", "tools/profiles/models/llama-3.3-70b-fp8.toml",
+            "tools/engines/catalog/sglang-0.5.23.json"} <= names  # fmt: skip
     assert {"agent/store.py", "agent/cli.py", "tools/todo.py"} <= names
     assert not any(n.startswith(("tests/", "state/", "docs_out/", "benchmarks/")) for n in names)
     assert "[pivot.tools]\ntodo = tools.todo:toolset" in entry_points
+    assert "[pivot.engines]\nsim = tools.engines.sim.engine:SimEngine" in entry_points
     assert "[console_scripts]\npivot = agent.cli:main" in entry_points
 
 

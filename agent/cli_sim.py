@@ -1,0 +1,166 @@
+"""`pivot sim`: the digital twin from the command line (what-if predictions of SGLang on given GPUs)."""
+
+from __future__ import annotations
+
+import click
+
+from agent import models as m
+from agent.console import dump, err, make_table, out, print_json
+from agent.errors import PivotError
+
+DEFAULT_PLAN = "glm5-nvfp4-rtxpro6000x8"  # its workload and target are what the twin is calibrated on
+
+
+@click.group()
+def sim() -> None:
+    """The digital twin of SGLang: predict a sweep, or serve SGLang's endpoints from it."""
+
+
+def _workload(input_len, output_len, range_ratio, num_prompts, seed, levels) -> m.BenchSpec:
+    from agent.plans import load_plan
+
+    base = load_plan(DEFAULT_PLAN).workload
+    update = {"concurrency": m.parse_levels(levels)}
+    for key, value in (
+        ("random_input_len", input_len),
+        ("random_output_len", output_len),
+        ("random_range_ratio", range_ratio),
+        ("num_prompts", num_prompts),
+        ("seed", seed),
+    ):
+        if value is not None:
+            update[key] = value
+    return m.BenchSpec.model_validate({**base.model_dump(), **update})
+
+
+def _profile_options(f):
+    f = click.option("--gpus", type=int, default=8, show_default=True, help="GPUs on the simulated host.")(f)
+    f = click.option(
+        "--hardware", default="rtx-pro-6000-blackwell", show_default=True, help="Hardware profile (name or .toml)."
+    )(f)
+    f = click.option(
+        "--model-profile", default="glm-5-nvfp4", show_default=True, help="Model profile (name or .toml)."
+    )(f)
+    return f
+
+
+def build_twin(model_profile: str, hardware: str, gpus: int, flags: tuple[str, ...]):
+    """The twin for a command line; SGLang's own parse errors and startup failures become PivotErrors."""
+    from tools.engines.catalog import CatalogError
+    from tools.engines.sim.twin import Twin, TwinStartupError
+    from tools.profiles import load_model
+
+    config = m.ServerConfig.parse(list(flags))
+    if "--model-path" not in config and "--model" not in config:
+        config = m.ServerConfig(
+            flags=(m.Flag(name="--model-path", value=load_model(model_profile).model_path), *config.flags)
+        )
+    try:
+        return Twin.build(model_profile, hardware, gpus, config)
+    except CatalogError as e:
+        raise PivotError(f"SGLang would refuse these flags: {e.message}", hint=e.hint) from e
+    except TwinStartupError as e:
+        raise PivotError(f"the server would not start: {e.message}", hint=f"SGLang logs: {e.log}") from e
+
+
+@sim.command(context_settings={"ignore_unknown_options": True})
+@_profile_options
+@click.option(
+    "--concurrency", "levels", default="1,256,512,1024,2048", show_default=True, help="Levels, e.g. 1,64,256."
+)
+@click.option("--input-len", type=int, help="Random input length (default: the calibration workload's).")
+@click.option("--output-len", type=int, help="Random output length.")
+@click.option("--range-ratio", type=float, help="bench_serving's --random-range-ratio.")
+@click.option("--num-prompts", type=int, help="Prompts per level (default: one per concurrent request).")
+@click.option("--seed", type=int, help="Workload seed.")
+@click.option("--noise", type=float, default=0.0, show_default=True, help="Run-to-run variation (0.02 = about 2%).")
+@click.option("--json", "as_json", is_flag=True, help="Print only a JSON array of levels on stdout.")
+@click.argument("flags", nargs=-1, type=click.UNPROCESSED)
+def predict(model_profile, hardware, gpus, levels, input_len, output_len, range_ratio, num_prompts, seed, noise,
+            as_json, flags) -> None:  # fmt: skip
+    """Predict a benchmark sweep of SGLang with FLAGS (after --) on simulated GPUs.
+
+    The default workload is the one the twin is calibrated on: random token ids, input and output
+    lengths uniform in [1, 256] (bench_serving's --random-range-ratio 0), one prompt per concurrent
+    request, all sent at once. Every number is simulated, not measured.
+    """
+    twin = build_twin(model_profile, hardware, gpus, flags)
+    spec = _workload(input_len, output_len, range_ratio, num_prompts, seed, levels)
+    if noise < 0:
+        raise PivotError("--noise must be >= 0")
+    results = twin.predict(spec, noise=noise)
+    if as_json:
+        print_json([dump(level) for level, _ in results])
+        return
+    r = twin.resolved
+    out.print(
+        f"SIMULATED: {twin.model.title} on {gpus}x {twin.hw.title}, SGLang 0.5.23 twin "
+        f"(tp {r['tp_size']}, pp {r['pp_size']}, ep {r['ep_size']})"
+    )
+    out.print(
+        f"KV pool {r['max_total_num_tokens']:,} tokens ({r['kv_pool_gib_per_gpu']} GiB/GPU beside "
+        f"{r['weights_gib_per_gpu']} GiB of weights), max running requests {r['max_running_requests']}, "
+        f"chunked prefill {r['chunked_prefill_size']}, decode CUDA graph up to {r['cuda_graph_max_bs_decode']}"
+    )
+    out.print(
+        f"workload: {spec.dataset_name}, input {spec.random_input_len} / output {spec.random_output_len} "
+        f"(range ratio {spec.random_range_ratio}), seed {spec.seed}"
+    )
+    if twin.no_effect:
+        err.print(f"note: no effect in SGLang 0.5.23 (accepted, read by nothing): {', '.join(twin.no_effect)}")
+    if twin.not_modelled:
+        err.print(f"note: accepted but not modelled by the twin: {', '.join(twin.not_modelled)}")
+    rows = make_table("conc", "ok/failed", "out tok/s", "total tok/s", "peak out", "TTFT ms", "TPOT ms", "ITL ms",
+                   "W/GPU", "KV use")  # fmt: skip
+    for level, _ in results:
+        extra = level.model_extra or {}
+        rows.add_row(
+            str(level.max_concurrency),
+            f"{level.completed}/{level.failed}",
+            f"{level.output_throughput:,.0f}",
+            f"{level.total_throughput:,.0f}",
+            f"{level.max_output_tokens_per_s:,.0f}",
+            f"{level.mean_ttft_ms:,.0f}",
+            f"{level.mean_tpot_ms:,.1f}",
+            f"{level.mean_itl_ms:,.1f}",
+            f"{extra.get('mean_gpu_power_w', 0):,.0f}",
+            f"{extra.get('max_token_usage', 0):.2f}",
+        )
+    out.print(rows)
+    for level, sim_level in results:
+        if sim_level.fault is not None:
+            err.print(
+                f"warning: the server crashed under load at concurrency {level.max_concurrency} "
+                f"({sim_level.fault.name}): {sim_level.fault.log}"
+            )
+            break
+
+
+@sim.command(context_settings={"ignore_unknown_options": True})
+@_profile_options
+@click.option("--time-scale", type=float, default=1.0, show_default=True,
+              help="Simulated seconds per wall-clock second (server_info reports it).")  # fmt: skip
+@click.option("--startup-s", type=float, default=2.0, show_default=True,
+              help="Wall seconds of startup during which /health answers 503.")  # fmt: skip
+@click.option("--noise", type=float, default=0.0, show_default=True, help="Run-to-run variation (0.02 = about 2%).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the step-time noise.")
+@click.argument("flags", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def serve(ctx, model_profile, hardware, gpus, time_scale, startup_s, noise, seed, flags) -> None:
+    """Serve SGLang's HTTP endpoints from the twin, with SGLang's FLAGS (after --), as a real process.
+
+    Binds to --host/--port (SGLang's defaults 127.0.0.1:30000); /health answers 503 for --startup-s,
+    then the ready line is logged. Tokens come from the twin's scheduler on the wall clock, sped up by
+    --time-scale; everything the server reports (logs, /metrics, /stop_profile, /sim/telemetry) is in
+    simulated seconds. Refused flags exit 2 with SGLang's message; a startup fault or a fault under load
+    exits 1 with SGLang's log line; SIGTERM or SIGINT exits 0.
+    """
+    from tools.engines.sim.server import ServeOptions
+    from tools.engines.sim.server import serve as run_server
+
+    if time_scale <= 0:
+        raise PivotError("--time-scale must be > 0")
+    if noise < 0:
+        raise PivotError("--noise must be >= 0")
+    options = ServeOptions(time_scale=time_scale, startup_s=startup_s, noise=noise, seed=seed)
+    ctx.exit(run_server(flags, model_profile=model_profile, hardware=hardware, gpus=gpus, options=options))

@@ -1,0 +1,165 @@
+"""The digital twin: calibrated to the seeds' table, and the seeds' other lessons from the same constants."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tomllib
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from agent import models as m
+from agent.cli import cli
+from agent.plans import load_plan
+from tools.engines.catalog import CatalogError
+from tools.engines.sim.twin import Twin, TwinStartupError
+from tools.profiles import load_hardware, load_model
+
+ROOT = Path(__file__).resolve().parent.parent
+TABLE = tomllib.loads((ROOT / "scripts/calibration/seeds-glm5-nvfp4-rtxpro6000x8.toml").read_text())
+WORKLOAD = load_plan("glm5-nvfp4-rtxpro6000x8").workload
+
+
+def twin(flags: str) -> Twin:
+    model = load_model("glm-5-nvfp4")
+    return Twin.build(
+        model, "rtx-pro-6000-blackwell", 8, m.ServerConfig.parse(f"--model-path {model.model_path} {flags}")
+    )
+
+
+def sweep(flags: str, levels: list[int], **kw) -> list[m.BenchLevel]:
+    spec = WORKLOAD.model_copy(update={"concurrency": levels})
+    return [level for level, _ in twin(flags).predict(spec, **kw)]
+
+
+@pytest.fixture(scope="module")
+def calibrated() -> dict[int, m.BenchLevel]:
+    levels = [lv["concurrency"] for lv in TABLE["levels"]]
+    return {lv.max_concurrency: lv for lv in sweep(TABLE["flags"], levels)}
+
+
+@pytest.mark.parametrize("row", TABLE["levels"], ids=lambda r: f"c{r['concurrency']}")
+def test_calibration_within_15_percent_of_the_seeds(calibrated, row):
+    level = calibrated[row["concurrency"]]
+    assert level.output_throughput == pytest.approx(row["output_tok_s"], rel=0.15)
+    assert level.mean_tpot_ms == pytest.approx(row["tpot_ms"], rel=0.15)
+
+
+def test_peak_and_power_at_2048(calibrated):
+    top = calibrated[2048]
+    assert top.max_output_tokens_per_s == pytest.approx(7216, rel=0.25)
+    assert top.model_extra["mean_gpu_power_w"] == pytest.approx(TABLE["power_w_per_gpu_at"]["watts"], rel=0.15)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap: 3072 gains nothing (-6%), but the twin's KV pool peaks at 0.85 used, not >= 0.95: "
+    "SGLang's new_token_ratio reservation keeps the pool from filling within one burst level",
+)
+def test_3072_gains_nothing_because_the_kv_pool_is_full(calibrated):
+    (c3072,) = sweep(TABLE["flags"].replace("2048", "3072"), [3072])
+    assert c3072.output_throughput <= 1.03 * calibrated[2048].output_throughput
+    assert c3072.model_extra["max_token_usage"] >= 0.95
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap: TP4+PP2 is 2.0x slower at concurrency 1 but only 1.27x at 2048 in the twin: its doubled "
+    "KV pool (the MLA latent is split by stage) spares it the prefill interleaving that slows TP8",
+)
+def test_tp4_pp2_is_about_twice_as_slow(calibrated):
+    at2048, at1 = sweep("--tp-size 4 --pp-size 2 --max-running-requests 2048", [2048, 1])
+    assert 1.6 <= calibrated[2048].output_throughput / at2048.output_throughput <= 2.4
+    assert 1.6 <= at1.mean_tpot_ms / calibrated[1].mean_tpot_ms <= 2.4
+
+
+def test_ep8_starts_then_fails_under_load():
+    light, heavy, after = sweep("--tp-size 8 --ep-size 8 --max-running-requests 2048", [1, 2048, 256])
+    assert light.failed == 0 and light.completed > 0
+    assert heavy.failed > 0 and any("illegal memory access" in reason for reason in heavy.errors)
+    assert after.completed == 0 and after.failed > 0  # the server is down after the crash
+
+
+def test_the_noop_flag_changes_nothing():
+    base = sweep("--tp-size 8", [256])
+    noop = sweep("--tp-size 8 --num-continuous-decode-steps 8", [256])
+    assert noop[0].model_dump() == base[0].model_dump()
+    assert twin("--tp-size 8 --num-continuous-decode-steps 8").no_effect == ["num_continuous_decode_steps"]
+
+
+def test_accepted_but_unmodelled_flags_are_listed():
+    t = twin("--tp-size 8 --enable-torch-compile --schedule-policy lpm")
+    assert t.not_modelled == ["enable_torch_compile", "schedule_policy"]
+    assert t.server_info()["not_modelled"] == t.not_modelled
+
+
+def test_sglang_refusals_happen_here_too():
+    with pytest.raises(CatalogError, match="unrecognized arguments: --enable-piecewise-cuda-graph"):
+        twin("--tp-size 8 --enable-piecewise-cuda-graph")
+    with pytest.raises(CatalogError, match="ambiguous option: --cuda-graph-max-bs could match"):
+        twin("--tp-size 8 --cuda-graph-max-bs 512")
+    with pytest.raises(TwinStartupError, match="two-batch overlap") as info:
+        twin("--tp-size 8 --enable-two-batch-overlap")
+    assert info.value.classify == "argument-validation"
+
+
+def test_out_of_memory_at_startup_is_declared_data():
+    with pytest.raises(TwinStartupError) as info:
+        twin("--tp-size 8 --mem-fraction-static 0.5")
+    fault = next(f for f in load_hardware("rtx-pro-6000-blackwell").faults if f.name == "oom-at-startup")
+    assert info.value.log == fault.log and info.value.classify == "oom"
+
+
+def test_more_kv_memory_fraction_means_more_kv_tokens():
+    low, high = twin("--tp-size 8 --mem-fraction-static 0.80"), twin("--tp-size 8 --mem-fraction-static 0.88")
+    assert high.limits.kv_capacity_tokens > low.limits.kv_capacity_tokens
+
+
+def test_same_seed_same_numbers_and_noise_gives_a_few_percent():
+    a = sweep("--tp-size 8", [512], noise=0.02)
+    b = sweep("--tp-size 8", [512], noise=0.02)
+    assert a[0].model_dump() == b[0].model_dump()
+    outs = []
+    for seed in range(12):
+        spec = WORKLOAD.model_copy(update={"concurrency": [512], "seed": seed})
+        ((level, _),) = twin("--tp-size 8").predict(spec, noise=0.02)
+        outs.append(level.output_throughput)
+    cv = statistics.stdev(outs) / statistics.mean(outs)
+    assert 0.01 <= cv <= 0.03, cv
+
+
+def test_breakdown_names_expert_gemms_as_the_largest_part_at_high_concurrency():
+    t = twin("--tp-size 8 --max-running-requests 2048")
+    sim = t.simulate(WORKLOAD, 2048)
+    parts = sim.breakdown_s
+    assert max(parts, key=parts.get) == "expert_gemm"
+    assert set(parts) == {"expert_gemm", "dense_gemm", "attention", "communication", "host_overhead"}
+
+
+def test_profiles_match_the_facts():
+    glm = load_model("glm-5-nvfp4")
+    assert glm.total_params / 1e9 == pytest.approx(743.9, abs=0.5)
+    assert glm.active_params / 1e9 == pytest.approx(40.8, abs=0.2)
+    t = twin("--tp-size 8")
+    assert t.resolved["weights_gib_per_gpu"] == pytest.approx(55.4, abs=0.3)  # facts: 55.4 GiB without MTP
+    assert t.limits.max_running_requests == 2048  # SGLang's automatic value on this box (facts 4d)
+
+
+def test_predict_cli_json_has_bench_serving_keys():
+    result = CliRunner().invoke(cli, ["sim", "predict", "--concurrency", "1,64", "--json", "--", "--tp-size", "8"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert [r["max_concurrency"] for r in rows] == [1, 64]
+    for key in ("completed", "duration", "output_throughput", "total_throughput", "max_output_tokens_per_s",
+                "mean_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "mean_e2e_latency_ms", "p99_tpot_ms",
+                "mean_gpu_power_w", "max_token_usage"):  # fmt: skip
+        assert key in rows[0], key
+
+
+def test_predict_cli_bad_flag_is_a_clear_error():
+    result = CliRunner().invoke(cli, ["sim", "predict", "--", "--tp-size", "8", "--enable-piecewise-cuda-graph"])
+    assert result.exit_code == 1
+    assert "unrecognized arguments: --enable-piecewise-cuda-graph" in result.stderr
+    assert "breakable" in result.stderr

@@ -1,0 +1,1 @@
+"""The digital twin of an SGLang server: cost model, virtual-time scheduler, engines and HTTP server."""

@@ -1,0 +1,234 @@
+"""The twin's cost model: how long one engine step takes on given GPUs, and what it is made of.
+
+Every flag acts only through the quantities below; the hardware profile supplies peaks and the
+fitted scalars of its `[calibration]` table (named in brackets here).
+
+Notation: B running requests in a decode step (or T prompt tokens in a prefill step), L layers, Lm
+MoE layers, E routed experts, k experts per token, tp/pp/ep the parallel sizes. Per GPU, per step:
+
+  experts hit per MoE layer     E_hit(B) = E * (1 - (1 - k/E)^B)            (uniform routing)
+  rows per hit expert           m = B * k / E_hit(B)
+  expert width on one GPU       n = expert_ffn / tp under TP, expert_ffn under EP (whole experts)
+  GEMM efficiency               eff(m, n) = [gemm_efficiency_max] * m/(m + [gemm_m_half]) * n/(n + [gemm_n_half])
+  expert weight bytes           W_exp = (Lm/pp) * E_hit * bytes_per_expert / (tp, or ep under EP)
+  expert FLOPs                  F_exp = B * k * 2 * params_per_expert * (Lm/pp) / (tp, or ep)
+  expert time                   t_exp = max(W_exp / BW, F_exp / (peak(dtype) * eff(m, n)))      (roofline)
+  dense parts (attention projections, shared expert, lm_head): the same roofline with m = B,
+                                n = hidden / tp, bytes / tp (whole on every rank if replicated)
+  KV read                       t_kv = max(ctx_tokens * kv_bytes / (pp * tp?) / BW, attention FLOPs / (peak * eff_max))
+                                (MLA keeps its latent on every TP rank; GQA splits KV heads over TP)
+  TP all-reduce                 2 per layer, payload B * hidden * 2 bytes:
+                                t_ar = (L/pp) * 2 * (lat + 2(tp-1)/tp * payload / (link_bw * [allreduce_efficiency]))
+                                (MSCCL++ halves lat for payloads under 1 MiB)
+  EP all-to-all                 dispatch + combine per MoE layer, B * k * hidden bytes each way, (ep-1)/ep of it
+                                over the link; single-batch overlap hides half of it behind the expert GEMMs
+  PP                            the pp stages of one step run one after another, each behind its own
+                                scheduler: step = pp * max(t_host, t_stage)
+  where BW = memory_bandwidth * [bandwidth_efficiency].
+
+  GPU time of a stage           t_stage = t_exp + t_dense + t_kv + t_ar + t_a2a
+  host time of a step           t_host = [host_ms_per_step] + [host_us_per_request] * B
+  decode step                   t = pp * max(t_host, t_stage) with the overlap scheduler (the default), else
+                                pp * (t_host + t_stage);
+                                + [eager_ms_per_step] when B exceeds the decode CUDA graph's largest batch
+                                (or graphs are off), since those steps launch every kernel from the host
+  prefill step (T tokens)       the same terms with T rows, all experts hit, attention over the prompt,
+                                + [prefill_us_per_token] * T of per-token work outside the GEMM roofline
+                                (prefill attention and the DSA indexer, KV-page allocation), counted as attention
+
+Power: idle + (TDP - idle) * [power_activity] * busy, where busy is the share of the step the
+tensor cores and memory are working (t_exp + t_dense + t_kv over the step time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tools.profiles import HardwareProfile, ModelProfile
+
+MSCCLPP_SMALL_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """How the model is laid out on the GPUs, and the execution switches the cost model reads."""
+
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    kv_dtype: str = "auto"
+    cuda_graph_max_bs: int = 512
+    cuda_graph: bool = True
+    overlap_schedule: bool = True
+    mscclpp: bool = False
+    single_batch_overlap: bool = False
+    a2a: bool = False  # an all-to-all MoE backend (moe_a2a_backend != none, or EP)
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp
+
+
+@dataclass
+class StepCost:
+    """One step's time, split the way a profiler would show it (seconds), plus its busy share."""
+
+    total_s: float
+    expert_gemm_s: float = 0.0
+    dense_gemm_s: float = 0.0
+    attention_s: float = 0.0
+    communication_s: float = 0.0
+    host_s: float = 0.0
+    eager_s: float = 0.0
+    busy_s: float = 0.0
+    parts: dict[str, float] = field(default_factory=dict)
+
+    def breakdown(self) -> dict[str, float]:
+        """Seconds by component: expert GEMMs, dense GEMMs, attention, communication, host overhead."""
+        return {
+            "expert_gemm": self.expert_gemm_s,
+            "dense_gemm": self.dense_gemm_s,
+            "attention": self.attention_s,
+            "communication": self.communication_s,
+            "host_overhead": self.host_s + self.eager_s,
+        }
+
+
+class CostModel:
+    """Step times for one model on one kind of GPU with one parallel layout."""
+
+    def __init__(self, model: ModelProfile, hw: HardwareProfile, par: Parallel) -> None:
+        self.model, self.hw, self.par = model, hw, par
+        cal = hw.calibration
+        self.bw = hw.memory_bandwidth_gbs * 1e9 * cal.bandwidth_efficiency
+        self.link_bw = hw.interconnect.bandwidth_gbs * 1e9 * cal.allreduce_efficiency
+        self.cal = cal
+        experts = model.part("experts")
+        self.expert_dtype = experts[0].dtype if experts else "bf16"
+        self.expert_bytes_total = sum(p.params * p.bytes_per_param for p in experts)
+        n_experts = max(model.moe_layers * model.experts, 1)
+        self.bytes_per_expert = self.expert_bytes_total / n_experts
+        self.kv_bytes = model.kv_bytes(par.kv_dtype)
+        self._dense = [p for p in model.part("dense")]
+
+    # ---- memory
+
+    def weight_bytes_per_gpu(self) -> float:
+        """Bytes of weights one GPU holds (what must fit beside the KV pool)."""
+        par = self.par
+        total = self.expert_bytes_total / (par.tp * par.pp) if self.model.kind == "moe" else 0.0
+        for p in self.model.parts:
+            if p.kind == "experts":
+                continue
+            shard = 1 if p.replicated else par.tp
+            total += p.params * p.bytes_per_param / (shard * par.pp)
+        return total
+
+    def kv_bytes_per_token_per_gpu(self) -> float:
+        shard = 1 if self.model.kv_replicated_across_tp else self.par.tp
+        return self.kv_bytes / (shard * self.par.pp)
+
+    # ---- GEMM efficiency
+
+    def efficiency(self, m: float, n: float) -> float:
+        cal = self.cal
+        return cal.gemm_efficiency_max * m / (m + cal.gemm_m_half) * n / (n + cal.gemm_n_half)
+
+    # ---- one stage of work for `rows` tokens
+
+    def _stage(self, rows: float, ctx_tokens: float, attn_flops: float) -> dict[str, float]:
+        model, par, hw = self.model, self.par, self.hw
+        pp = par.pp
+        out: dict[str, float] = {}
+        busy = 0.0
+        if model.kind == "moe" and rows > 0:
+            E, k = model.experts, model.experts_per_token
+            hit = E * (1.0 - (1.0 - k / E) ** rows)
+            m = rows * k / hit
+            shard = par.ep if par.ep > 1 else par.tp
+            n = model.expert_ffn if par.ep > 1 else model.expert_ffn / par.tp
+            w_bytes = (model.moe_layers / pp) * hit * self.bytes_per_expert / shard
+            flops = rows * k * 2 * model.expert_params * (model.moe_layers / pp) / shard
+            t = max(w_bytes / self.bw, flops / (hw.peak_tflops(self.expert_dtype) * 1e12 * self.efficiency(m, n)))
+            out["expert_gemm"] = t
+            busy += t
+        t_dense = 0.0
+        for p in self._dense:
+            shard = 1 if p.replicated else par.tp
+            w_bytes = p.params * p.bytes_per_param / (shard * pp)
+            flops = rows * 2 * p.params / (shard * pp)
+            eff = self.efficiency(rows, model.hidden_size / shard)
+            t_dense += max(w_bytes / self.bw, flops / (hw.peak_tflops(p.dtype) * 1e12 * eff)) if rows > 0 else 0.0
+        out["dense_gemm"] = t_dense
+        busy += t_dense
+        kv_read = ctx_tokens * self.kv_bytes_per_token_per_gpu()
+        attn = attn_flops / (par.tp * pp)
+        t_attn = max(kv_read / self.bw, attn / (hw.peak_tflops("bf16") * 1e12 * self.cal.gemm_efficiency_max))
+        out["attention"] = t_attn
+        busy += t_attn
+        # communication
+        t_comm = 0.0
+        lat = hw.interconnect.latency_us * 1e-6
+        if par.tp > 1:
+            payload = rows * model.hidden_size * 2
+            call_lat = lat * (0.5 if par.mscclpp and payload < MSCCLPP_SMALL_BYTES else 1.0)
+            per_call = call_lat + 2 * (par.tp - 1) / par.tp * payload / self.link_bw
+            t_comm += (model.layers / pp) * 2 * per_call
+        if par.ep > 1 and model.kind == "moe":
+            payload = rows * model.experts_per_token * model.hidden_size * 1.0
+            per_layer = 2 * (lat + (par.ep - 1) / par.ep * payload / self.link_bw)
+            a2a = (model.moe_layers / pp) * per_layer
+            if par.single_batch_overlap:
+                a2a *= 0.5
+            t_comm += a2a
+        if pp > 1:
+            t_comm += lat + rows * model.hidden_size * 2 / self.link_bw
+        out["communication"] = t_comm
+        out["busy"] = busy
+        return out
+
+    def _combine(self, stage: dict[str, float], host_s: float, eager_s: float) -> StepCost:
+        pp = self.par.pp
+        stage_gpu = stage.get("expert_gemm", 0.0) + stage["dense_gemm"] + stage["attention"] + stage["communication"]
+        gpu = pp * stage_gpu
+        # each pipeline stage runs its own scheduler; a step passes through the stages one after another
+        per_stage = max(host_s, stage_gpu) if self.par.overlap_schedule else host_s + stage_gpu
+        total = pp * per_stage + eager_s
+        hidden_host = max(0.0, total - gpu - eager_s)  # host time the GPU waited for
+        return StepCost(
+            total_s=total,
+            expert_gemm_s=pp * stage.get("expert_gemm", 0.0),
+            dense_gemm_s=pp * stage["dense_gemm"],
+            attention_s=pp * stage["attention"],
+            communication_s=pp * stage["communication"],
+            host_s=hidden_host,
+            eager_s=eager_s,
+            busy_s=pp * stage["busy"],
+        )
+
+    def decode(self, batch: int, ctx_tokens: float) -> StepCost:
+        """One decode step for `batch` running requests holding `ctx_tokens` of context in all."""
+        attn_flops = ctx_tokens * self.model.attention_flops_per_ctx_token
+        stage = self._stage(batch, ctx_tokens, attn_flops)
+        host = self.cal.host_ms_per_step * 1e-3 + self.cal.host_us_per_request * 1e-6 * batch
+        eager = (
+            self.cal.eager_ms_per_step * 1e-3
+            if (not self.par.cuda_graph or batch > self.par.cuda_graph_max_bs)
+            else 0.0
+        )
+        return self._combine(stage, host, eager)
+
+    def prefill(self, tokens: int, attn_pairs: float, requests: int) -> StepCost:
+        """One prefill step over `tokens` prompt tokens; attn_pairs = sum of (token, earlier token) pairs."""
+        stage = self._stage(tokens, 0.0, attn_pairs * self.model.attention_flops_per_ctx_token)
+        per_token = self.cal.prefill_us_per_token * 1e-6 * tokens / self.par.pp
+        stage["attention"] += per_token
+        stage["busy"] += per_token
+        host = self.cal.host_ms_per_step * 1e-3 + self.cal.host_us_per_request * 1e-6 * requests
+        return self._combine(stage, host, 0.0)
+
+    def power_w(self, busy_share: float) -> float:
+        """Mean power per GPU for a share of time the GPU was busy."""
+        hw = self.hw
+        share = min(max(busy_share, 0.0), 1.0)
+        return hw.idle_w + (hw.tdp_w - hw.idle_w) * self.cal.power_activity * share

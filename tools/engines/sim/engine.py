@@ -1,0 +1,123 @@
+"""The `sim` engine: the digital twin behind the Engine and Deployment protocols, in virtual time, in process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent import models as m
+from agent.errors import PivotError
+from agent.session import ProgressCallback
+from tools.engines.catalog import CatalogError, audit, load_catalog
+from tools.engines.sim.twin import Twin, TwinStartupError
+from tools.metrics import compute_level
+
+VERSION = "0.5.23"
+
+
+class SimLaunchError(PivotError):
+    """The simulated server did not start; `failure` is the crash class pivot records."""
+
+    def __init__(self, message: str, failure: str, hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.failure = failure
+
+
+class SimDeployment:
+    """A running twin: benchmarks answer in virtual time (seconds of CPU for minutes of GPU time)."""
+
+    def __init__(self, twin: Twin, log_path: Path, noise: float) -> None:
+        self.twin, self.log_path, self.noise = twin, log_path, noise
+        self.base_url = f"sim://{twin.model.name}@{twin.gpus}x{twin.hw.name}"
+        self._alive = True
+        self._last: m.Telemetry | None = None
+        self._lines: list[str] = []
+        r = twin.resolved
+        self._log(
+            f"max_total_num_tokens={r['max_total_num_tokens']}, chunked_prefill_size={r['chunked_prefill_size']}, "
+            f"max_prefill_tokens={r['max_prefill_tokens']}, max_running_requests={r['max_running_requests']}, "
+            f"context_len={twin.model.context_length}, "
+            f"available_gpu_mem={twin.hw.memory_gib * (1 - r['mem_fraction_static']):.2f} GB"
+        )
+        self._log("The server is fired up and ready to roll!")
+
+    def _log(self, line: str) -> None:
+        self._lines.append(line)
+        with self.log_path.open("a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+    def wait_ready(self, timeout_s: float, on_progress: ProgressCallback | None = None) -> None:
+        if not self._alive:
+            raise PivotError("the simulated server is not running")
+
+    def alive(self) -> bool:
+        return self._alive
+
+    def log_tail(self, n: int = 50) -> list[str]:
+        return self._lines[-n:]
+
+    def benchmark(self, spec: m.BenchSpec, on_progress: ProgressCallback | None = None) -> m.BenchResult:
+        """Simulate the sweep; a fault under load is logged, its level's requests fail, and the server is down."""
+        result = m.BenchResult(spec=spec, engine="sim", source="simulated")
+        for concurrency in spec.concurrency:
+            if not self._alive:
+                n = spec.prompts_for(concurrency)
+                down = compute_level([], max_concurrency=concurrency).model_dump(exclude={"failed", "errors"})
+                result.levels.append(m.BenchLevel(**down, failed=n, errors={"server is not running": n}))
+                continue
+            sim = self.twin.simulate(spec, concurrency, noise=self.noise)
+            level = self.twin.level(spec, sim, concurrency)
+            result.levels.append(level)
+            self._last = self.twin.telemetry(sim, concurrency)
+            self._log(
+                f"Decode batch, #running-req: {min(concurrency, self.twin.limits.max_running_requests)}, "
+                f"token usage: {sim.max_token_usage:.2f}, gen throughput (token/s): {level.output_throughput:.2f}"
+            )
+            if on_progress:
+                on_progress(f"concurrency {concurrency}: {level.output_throughput:,.0f} output tok/s (simulated)")
+            if sim.fault is not None:
+                self._log(sim.fault.log)
+                self._alive = False
+        result.finished_at = m.utcnow()
+        result.interrupted = False
+        return result
+
+    def telemetry(self) -> m.Telemetry:
+        return self._last or m.Telemetry(source="simulated", gpus=[])
+
+    def stop(self) -> None:
+        self._alive = False
+
+
+class SimEngine:
+    """The digital twin of SGLang 0.5.23 on simulated GPUs (in process, virtual time)."""
+
+    name = "sim"
+
+    def __init__(
+        self,
+        model_profile: str = "glm-5-nvfp4",
+        hardware: str = "rtx-pro-6000-blackwell",
+        gpus: int = 8,
+        noise: float = 0.0,
+        **_: object,
+    ) -> None:
+        self.model_profile, self.hardware, self.gpus, self.noise = model_profile, hardware, gpus, noise
+
+    def validate(self, config: m.ServerConfig) -> list[m.FlagIssue]:
+        return audit(load_catalog("sglang", VERSION), config)
+
+    def launch(self, config: m.ServerConfig, log_path: Path) -> SimDeployment:
+        """Build the twin for `config`; SGLang's refusals and startup faults raise SimLaunchError."""
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            twin = Twin.build(self.model_profile, self.hardware, self.gpus, config, VERSION)
+        except CatalogError as e:
+            log_path.write_text(e.stderr, encoding="utf-8")
+            kind = "ambiguous-argument" if "ambiguous" in e.message else "unrecognized-argument"
+            if "unrecognized" not in e.message and "ambiguous" not in e.message:
+                kind = "argument-validation"
+            raise SimLaunchError(f"SGLang refused the flags: {e.message}", kind, hint=e.hint) from e
+        except TwinStartupError as e:
+            log_path.write_text(e.log + "\n", encoding="utf-8")
+            raise SimLaunchError(f"the server did not start: {e.message}", e.classify, hint=e.log) from e
+        return SimDeployment(twin, log_path, self.noise)

@@ -1,0 +1,373 @@
+"""A continuous-batching scheduler in virtual time, after SGLang's: prefill first, then decode, KV-capped.
+
+One benchmark level is simulated request by request: the client keeps `max_concurrency` requests in
+flight (arrivals are immediate, or Poisson at a finite request rate); the server admits waiting
+requests into a prefill batch (up to the chunked-prefill size, the max-prefill-tokens budget, the
+running-request cap and the KV pool, reserving `new_token_ratio` of each running request's remaining
+output), and otherwise runs one decode step for every running request. The prefill step yields a
+request's first token; each decode step yields one more. When the KV pool cannot hold the next
+decode step, the request with the most output left is retracted and re-queued, as SGLang does.
+Every token's time comes from the cost model, and the per-request timelines go through the same
+metrics code as a real benchmark (tools/metrics.py).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tools.engines.sim.costmodel import CostModel, StepCost
+from tools.metrics import RequestRecord
+from tools.profiles import Fault
+
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
+
+
+@dataclass(frozen=True)
+class SchedulerLimits:
+    """What caps the scheduler: requests, KV tokens and prefill budgets (resolved from the flags)."""
+
+    max_running_requests: int
+    kv_capacity_tokens: int
+    chunked_prefill_size: int  # -1: no chunking (one prefill batch is capped by max_prefill_tokens only)
+    max_prefill_tokens: int
+    schedule_conservativeness: float = 1.0
+
+
+@dataclass
+class Req:
+    """A request inside the engine."""
+
+    rid: int
+    input_len: int
+    output_len: int
+    generated: int = 0
+    prefilled: int = 0  # prompt tokens already prefilled (chunked prefill)
+    join_index: int = 0  # decode steps done when it (re)joined the running batch
+    segments: list[tuple[int, int]] = field(default_factory=list)  # decode-step index ranges it took part in
+    prefill_token_steps: list[int] = field(default_factory=list)  # prefill steps (by number) that gave it a token
+
+    @property
+    def prompt_now(self) -> int:
+        """Tokens to prefill: the prompt, plus what it generated before a retraction."""
+        return self.input_len + self.generated
+
+
+@dataclass
+class Step:
+    """What one engine step did: its kind and duration, who got a token, who finished, who was pushed back."""
+
+    kind: str  # "prefill" | "decode"
+    duration_s: float
+    cost: StepCost
+    batch_size: int
+    prefill_tokens: int = 0
+    token_rids: list[int] = field(default_factory=list)  # prefill steps: the requests that got a token
+    finished: list[int] = field(default_factory=list)
+    retracted: list[int] = field(default_factory=list)
+    token_usage: float = 0.0
+    queue: int = 0
+    fault: Fault | None = None
+
+
+class EngineCore:
+    """SGLang-like continuous batching over a cost model, one step at a time (time is the caller's).
+
+    Prefill has priority: waiting requests are admitted while the running-request cap, the prefill
+    token budget (chunked-prefill size and max-prefill-tokens) and the KV pool allow, reserving
+    `new_token_ratio` of the output every running request still owes (SGLang's 0.7, decaying to 0.7 *
+    0.14 over 600 decode steps, reset on retraction). Otherwise every running request decodes one token.
+    When the pool cannot hold the next decode step, the request with the most output left is retracted.
+    """
+
+    def __init__(self, cost: CostModel, limits: SchedulerLimits, *, noise: float = 0.0, seed: int = 0,
+                 fault: Fault | None = None) -> None:  # fmt: skip
+        self.cost, self.limits, self.fault, self.noise = cost, limits, fault, noise
+        self.rng = np.random.default_rng(seed)
+        self.run_factor = float(np.clip(1.0 + noise * self.rng.standard_normal(), 0.5, 1.5)) if noise > 0 else 1.0
+        self.waiting: deque[Req] = deque()
+        self.running: list[tuple[int, int]] = []  # heap of (decode index at which it finishes, rid)
+        self.live: dict[int, Req] = {}
+        self.decode_index = 0
+        self.prefill_index = 0
+        self.init_ratio = INIT_NEW_TOKEN_RATIO * limits.schedule_conservativeness
+        self.min_ratio = self.init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR
+        self.decay = (self.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
+        self.ratio = self.init_ratio
+        self.sum_ctx = 0  # prompt + generated at join, over running requests
+        self.sum_join = 0  # join_index over running requests
+        self.sum_rem_join = 0  # output still owed at join, over running requests
+        self.busy_s = 0.0
+        self.breakdown_s = {"expert_gemm": 0.0, "dense_gemm": 0.0, "attention": 0.0, "communication": 0.0,
+                            "host_overhead": 0.0}  # fmt: skip
+        self.max_usage = 0.0
+        self.retractions = 0
+        self.dead = False
+
+    # ---- state
+
+    def add(self, req: Req) -> None:
+        self.waiting.append(req)
+
+    @property
+    def has_work(self) -> bool:
+        return not self.dead and bool(self.waiting or self.running)
+
+    def running_ctx(self) -> int:
+        """KV tokens of running requests: prompt + generated, where generated grows by one per decode step."""
+        return self.sum_ctx + len(self.running) * self.decode_index - self.sum_join
+
+    def running_rids(self) -> list[int]:
+        return [rid for _, rid in self.running]
+
+    def token_usage(self) -> float:
+        return self.running_ctx() / self.limits.kv_capacity_tokens
+
+    def _scaled(self, cost: StepCost) -> float:
+        jitter = 1.0 + 0.5 * self.noise * float(self.rng.standard_normal()) if self.noise > 0 else 1.0
+        scale = max(self.run_factor * jitter, 0.2)
+        self.busy_s += cost.busy_s * scale
+        for key, value in cost.breakdown().items():
+            self.breakdown_s[key] += value * scale
+        return cost.total_s * scale
+
+    def _join(self, r: Req) -> None:
+        r.join_index = self.decode_index
+        heapq.heappush(self.running, (self.decode_index + (r.output_len - r.generated), r.rid))
+        self.live[r.rid] = r
+        self.sum_ctx += r.prompt_now
+        self.sum_join += self.decode_index
+        self.sum_rem_join += r.output_len - r.generated
+
+    def _leave(self, r: Req) -> None:
+        del self.live[r.rid]
+        self.sum_ctx -= r.prompt_now
+        self.sum_join -= r.join_index
+        self.sum_rem_join -= r.output_len - r.generated
+        r.segments.append((r.join_index, self.decode_index))
+
+    # ---- one step
+
+    def step(self) -> Step | None:
+        """Run the next step (a prefill if anything can be admitted, else a decode); None when idle."""
+        if not self.has_work:
+            return None
+        return self._prefill() or self._decode()
+
+    def _prefill(self) -> Step | None:
+        limits = self.limits
+        budget = limits.max_prefill_tokens
+        if limits.chunked_prefill_size > 0:
+            budget = min(budget, limits.chunked_prefill_size)
+        owed = self.sum_rem_join - (len(self.running) * self.decode_index - self.sum_join)
+        free = limits.kv_capacity_tokens - self.running_ctx() - self.ratio * owed
+        batch: list[Req] = []
+        tokens = 0
+        while self.waiting and len(self.running) + len(batch) < limits.max_running_requests and tokens < budget:
+            r = self.waiting[0]
+            left = r.prompt_now - r.prefilled
+            need = left + self.ratio * (r.output_len - r.generated)
+            if need > free and (self.running or batch):
+                break
+            take = min(left, budget - tokens)
+            if take < left and limits.chunked_prefill_size <= 0:
+                break
+            r.prefilled += take
+            tokens += take
+            free -= take + self.ratio * (r.output_len - r.generated)
+            batch.append(r)
+            if r.prefilled < r.prompt_now:
+                break  # chunked: this request goes on in the next prefill step
+            self.waiting.popleft()
+        if not batch:
+            return None
+        pairs = sum(r.prefilled * r.prefilled / 2.0 for r in batch)
+        cost = self.cost.prefill(tokens, pairs, len(batch))
+        self.prefill_index += 1
+        step = Step("prefill", self._scaled(cost), cost, len(batch), prefill_tokens=tokens, queue=len(self.waiting))
+        for r in batch:
+            if r.prefilled < r.prompt_now:
+                continue
+            r.generated += 1
+            r.prefill_token_steps.append(self.prefill_index)
+            step.token_rids.append(r.rid)
+            if r.generated >= r.output_len:
+                step.finished.append(r.rid)
+            else:
+                self._join(r)
+        step.token_usage = self.token_usage()
+        return step
+
+    def _decode(self) -> Step | None:
+        retracted = []
+        while self.running and self.running_ctx() + len(self.running) > self.limits.kv_capacity_tokens:
+            if len(self.running) == 1:
+                break
+            victim = max(
+                (self.live[rid] for _, rid in self.running),
+                key=lambda q: q.output_len - q.generated - (self.decode_index - q.join_index),
+            )
+            self.running = [(f, rid) for f, rid in self.running if rid != victim.rid]
+            heapq.heapify(self.running)
+            self._leave(victim)
+            victim.generated += victim.segments[-1][1] - victim.segments[-1][0]
+            victim.prefilled = 0
+            self.waiting.appendleft(victim)
+            retracted.append(victim.rid)
+            self.retractions += 1
+            self.ratio = self.init_ratio
+        if not self.running:
+            return None
+        batch = len(self.running)
+        ctx = self.running_ctx()
+        usage = (ctx + batch) / self.limits.kv_capacity_tokens
+        self.max_usage = max(self.max_usage, usage)
+        if self.fault is not None and batch >= int(self.fault.when.get("min_running_requests", 0)):
+            self.dead = True
+            return Step("decode", 0.0, StepCost(0.0), batch, retracted=retracted, fault=self.fault, token_usage=usage)
+        cost = self.cost.decode(batch, ctx)
+        step = Step("decode", self._scaled(cost), cost, batch, retracted=retracted, token_usage=usage,
+                    queue=len(self.waiting))  # fmt: skip
+        self.decode_index += 1
+        self.ratio = max(self.min_ratio, self.ratio - self.decay)
+        while self.running and self.running[0][0] <= self.decode_index:
+            _, rid = heapq.heappop(self.running)
+            r = self.live[rid]
+            self._leave(r)
+            r.generated = r.output_len
+            step.finished.append(rid)
+        return step
+
+
+@dataclass
+class LevelSimulation:
+    """What one simulated level produced: request records, step costs, KV usage, and any fault."""
+
+    records: list[RequestRecord]
+    busy_s: float
+    wall_s: float
+    breakdown_s: dict[str, float]
+    max_token_usage: float
+    decode_steps: int
+    prefill_steps: int
+    retractions: int
+    fault: Fault | None = None
+    fault_at_s: float | None = None
+
+
+def random_lengths(rng: np.random.RandomState, n: int, length: int, ratio: float) -> np.ndarray:
+    """bench_serving's random lengths: uniform integers in [max(int(L * ratio), 1), L]."""
+    return rng.randint(max(int(length * ratio), 1), length + 1, size=n)
+
+
+def simulate_level(
+    cost: CostModel,
+    limits: SchedulerLimits,
+    *,
+    max_concurrency: int,
+    input_lens: np.ndarray,
+    output_lens: np.ndarray,
+    request_rate: float = math.inf,
+    seed: int = 0,
+    noise: float = 0.0,
+    fault: Fault | None = None,
+) -> LevelSimulation:
+    """Simulate one benchmark level in virtual time: the client keeps `max_concurrency` requests in flight."""
+    n = len(input_lens)
+    core = EngineCore(cost, limits, noise=noise, seed=seed, fault=fault)
+    if math.isfinite(request_rate):
+        arrivals = np.cumsum(core.rng.exponential(1.0 / request_rate, size=n))
+        arrivals -= arrivals[0]
+    else:
+        arrivals = np.zeros(n)
+    reqs = [Req(i, int(input_lens[i]), int(output_lens[i])) for i in range(n)]
+    send = np.zeros(n)
+    end = np.full(n, np.nan)
+    errors: dict[int, str] = {}
+    decode_ends: list[float] = []
+    prefill_ends: list[float] = []
+    pending: list[tuple[float, int]] = []
+    t = 0.0
+    next_to_send = in_flight = done = 0
+    fault_at = None
+
+    def release(now: float) -> None:
+        nonlocal next_to_send, in_flight
+        while next_to_send < n and in_flight < max_concurrency:
+            send[next_to_send] = max(now, float(arrivals[next_to_send]))
+            heapq.heappush(pending, (send[next_to_send], next_to_send))
+            next_to_send += 1
+            in_flight += 1
+
+    release(0.0)
+    while done < n:
+        while pending and pending[0][0] <= t:
+            core.add(reqs[heapq.heappop(pending)[1]])
+        if not core.has_work:
+            if not pending:
+                break
+            t = pending[0][0]
+            continue
+        step = core.step()
+        if step is None:
+            continue
+        if step.fault is not None:
+            fault_at = t
+            for i in range(n):
+                if np.isnan(end[i]):
+                    if i >= next_to_send:
+                        send[i], errors[i] = t, "connection refused (server is down)"
+                    else:
+                        errors[i] = f"server crashed: {step.fault.log}"
+                    end[i] = max(t, send[i])
+            break
+        t += step.duration_s
+        (prefill_ends if step.kind == "prefill" else decode_ends).append(t)
+        for rid in step.finished:
+            end[rid] = t
+            done += 1
+            in_flight -= 1
+        if step.finished:
+            release(t)
+
+    dec, pre = np.asarray(decode_ends), np.asarray(prefill_ends)
+    records = []
+    for r in reqs:
+        if r.prefill_token_steps:
+            parts = [pre[np.asarray(r.prefill_token_steps) - 1], *(dec[a:b] for a, b in r.segments)]
+            times = np.concatenate(parts)
+            if len(parts) > 2 or len(r.prefill_token_steps) > 1:
+                times = np.sort(times)
+        else:
+            times = np.empty(0)
+        failed = errors.get(r.rid)
+        records.append(
+            RequestRecord(
+                start_s=float(send[r.rid]),
+                prompt_len=r.input_len,
+                chunk_times_s=times,
+                chunk_tokens=np.ones(times.size, dtype=np.int64),
+                output_len=None if failed else r.output_len,
+                end_s=float(end[r.rid]) if not np.isnan(end[r.rid]) else t,
+                error=failed,
+            )
+        )
+    wall = float(np.nanmax(end) - send.min()) if n and not np.all(np.isnan(end)) else 0.0
+    return LevelSimulation(
+        records=records,
+        busy_s=core.busy_s,
+        wall_s=max(wall, 1e-9),
+        breakdown_s=core.breakdown_s,
+        max_token_usage=min(core.max_usage, 1.0),
+        decode_steps=core.decode_index,
+        prefill_steps=core.prefill_index,
+        retractions=core.retractions,
+        fault=fault if fault_at is not None else None,
+        fault_at_s=fault_at,
+    )

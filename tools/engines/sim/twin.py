@@ -1,0 +1,321 @@
+"""The digital twin: SGLang's flags resolved as SGLang resolves them, then a sweep simulated in virtual time.
+
+`Twin.build()` parses the flags with the SGLang catalog (so bad flags fail with SGLang's own message),
+resolves the automatic values (memory fraction, KV pool, max running requests, chunked prefill,
+CUDA-graph sizes) the way SGLang 0.5.23 does for the hardware profile, and checks the declared startup
+faults. `Twin.run_level()` / `Twin.predict()` simulate benchmark levels and return bench_serving's
+numbers (computed by tools/metrics.py from simulated per-request timelines) plus the engine's view:
+power per GPU, KV usage, the step-time breakdown and any fault under load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from agent import models as m
+from agent.errors import PivotError
+from tools.engines.sim.costmodel import CostModel, Parallel
+from tools.engines.sim.scheduler import LevelSimulation, SchedulerLimits, random_lengths, simulate_level
+from tools.metrics import compute_level
+from tools.profiles import Fault, HardwareProfile, ModelProfile, load_hardware, load_model
+
+GIB = 1 << 30
+
+# Flags (argparse dests) whose effect the cost model or the scheduler represents.
+MODELLED = frozenset(
+    {
+        "model_path", "tp_size", "pp_size", "ep_size", "dp_size", "attn_dp_size", "enable_dp_attention",
+        "max_running_requests", "mem_fraction_static", "chunked_prefill_size", "max_prefill_tokens",
+        "max_total_tokens", "cuda_graph_max_bs_decode", "disable_cuda_graph", "disable_decode_cuda_graph",
+        "cuda_graph_backend_decode", "kv_cache_dtype", "disable_overlap_schedule", "enable_mscclpp",
+        "enable_single_batch_overlap", "enable_two_batch_overlap", "moe_a2a_backend", "schedule_conservativeness",
+        "host", "port", "enable_metrics", "served_model_name", "trust_remote_code", "load_format",
+        "skip_tokenizer_init", "log_level",
+    }
+)  # fmt: skip
+# Accepted by SGLang 0.5.23 but read by nothing in it (the audit's "noop"): they change nothing here either.
+NO_EFFECT = frozenset({"num_continuous_decode_steps"})
+
+
+class TwinStartupError(PivotError):
+    """The simulated server would not start: the log line SGLang prints and the crash class."""
+
+    def __init__(self, message: str, log: str, classify: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.log, self.classify, self.exit_code = log, classify, exit_code
+
+
+def parse_flags(config: m.ServerConfig, version: str = "0.5.23") -> dict[str, Any]:
+    """dest -> value for every SGLang flag, defaults included; bad flags raise SGLang's own message."""
+    from tools.engines.catalog import load_catalog
+
+    return load_catalog("sglang", version).parse(config.argv(), require_model=False)
+
+
+def _given(args: dict[str, Any], config: m.ServerConfig, version: str) -> list[str]:
+    from tools.engines.catalog import load_catalog
+
+    catalog = load_catalog("sglang", version)
+    dests = []
+    for flag in config.flags:
+        spec = catalog.resolve(flag.name)
+        if not isinstance(spec, str):
+            dests.append(spec.dest)
+    return list(dict.fromkeys(dests))
+
+
+@dataclass
+class Twin:
+    """One simulated SGLang server: model, hardware, resolved flags, cost model and scheduler limits."""
+
+    model: ModelProfile
+    hw: HardwareProfile
+    gpus: int
+    config: m.ServerConfig
+    args: dict[str, Any]
+    par: Parallel
+    cost: CostModel
+    limits: SchedulerLimits
+    resolved: dict[str, Any]
+    not_modelled: list[str] = field(default_factory=list)
+    no_effect: list[str] = field(default_factory=list)
+    load_faults: list[Fault] = field(default_factory=list)
+
+    @classmethod
+    def build(
+        cls,
+        model_profile: str | ModelProfile,
+        hardware: str | HardwareProfile,
+        gpus: int,
+        config: m.ServerConfig,
+        version: str = "0.5.23",
+    ) -> Twin:
+        """Resolve flags and memory like SGLang; raise TwinStartupError where SGLang would not start."""
+        args = parse_flags(config, version)
+        return cls.from_args(model_profile, hardware, gpus, config, args, _given(args, config, version))
+
+    @classmethod
+    def from_args(
+        cls,
+        model_profile: str | ModelProfile,
+        hardware: str | HardwareProfile,
+        gpus: int,
+        config: m.ServerConfig,
+        args: dict[str, Any],
+        given: list[str],
+    ) -> Twin:
+        """The twin for already-parsed flags (`given`: the dests the user set); profiles by name or as objects."""
+        model = load_model(model_profile) if isinstance(model_profile, str) else model_profile
+        hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
+        tp, pp = int(args.get("tp_size") or 1), int(args.get("pp_size") or 1)
+        ep, dp = int(args.get("ep_size") or 1), int(args.get("dp_size") or 1)
+        attn_dp = int(args.get("attn_dp_size") or 1)
+        if args.get("enable_dp_attention"):
+            attn_dp = max(attn_dp, tp)
+        if tp * pp * dp > gpus:
+            raise TwinStartupError(
+                f"tp_size * pp_size * dp_size = {tp * pp * dp} needs more GPUs than the {gpus} available",
+                log=f"RuntimeError: CUDA error: invalid device ordinal (world size {tp * pp * dp} > {gpus} GPUs)",
+                classify="cuda-error",
+            )
+        if ep > 1 and tp % ep:
+            raise TwinStartupError(
+                f"tp_size {tp} is not a multiple of ep_size {ep}",
+                log=f"ValueError: tp_size ({tp}) must be divisible by ep_size ({ep})",
+                classify="argument-validation",
+            )
+        a2a_backend = args.get("moe_a2a_backend") or "none"
+        if args.get("enable_two_batch_overlap") and a2a_backend == "none" and attn_dp <= 1:
+            raise TwinStartupError(
+                "two-batch overlap needs an all-to-all MoE backend or attention data parallelism",
+                log="ValueError: Two-batch overlap requires --moe-a2a-backend to be set (not 'none') "
+                "or data-parallel attention to be enabled.",
+                classify="argument-validation",
+            )
+        graph_backend = str(args.get("cuda_graph_backend_decode") or "full")
+        cuda_graph = not (
+            args.get("disable_cuda_graph") or args.get("disable_decode_cuda_graph") or graph_backend == "disabled"
+        )
+        big = 90 <= hw.memory_gib <= 160
+        max_running = args.get("max_running_requests")
+        graph_bs = args.get("cuda_graph_max_bs_decode") or (512 if tp >= 4 and big else 256)
+        par = Parallel(
+            tp=tp,
+            pp=pp,
+            ep=ep,
+            kv_dtype=str(args.get("kv_cache_dtype") or "auto"),
+            cuda_graph_max_bs=int(graph_bs),
+            cuda_graph=cuda_graph,
+            overlap_schedule=not args.get("disable_overlap_schedule"),
+            mscclpp=bool(args.get("enable_mscclpp")),
+            single_batch_overlap=bool(args.get("enable_single_batch_overlap")) and (ep > 1 or a2a_backend != "none"),
+            a2a=ep > 1 or a2a_backend != "none",
+        )
+        cost = CostModel(model, hw, par)
+        mem_frac = float(args.get("mem_fraction_static") or hw.auto_mem_fraction_static)
+        weights_gib = cost.weight_bytes_per_gpu() / GIB
+        pool_gib = hw.memory_gib * mem_frac - weights_gib
+        kv_tokens = int(max(pool_gib, 0) * GIB / cost.kv_bytes_per_token_per_gpu())
+        if args.get("max_total_tokens"):
+            kv_tokens = min(kv_tokens, int(args["max_total_tokens"]))
+        for fault in hw.faults:
+            if fault.phase == "startup" and "max_kv_tokens" in fault.when and kv_tokens <= fault.when["max_kv_tokens"]:
+                raise TwinStartupError(
+                    f"out of memory at startup: weights take {weights_gib:.1f} GiB per GPU of the "
+                    f"{hw.memory_gib * mem_frac:.1f} GiB that --mem-fraction-static {mem_frac} allows",
+                    log=fault.log,
+                    classify=fault.classify,
+                )
+        if max_running is None:
+            auto = min(max(kv_tokens / model.context_length * 512, 2048), 4096)
+            max_running = int(min(auto, kv_tokens // 2))
+        max_running = int(max_running)
+        par = Parallel(**{**par.__dict__, "cuda_graph_max_bs": min(par.cuda_graph_max_bs, max_running)})
+        cost = CostModel(model, hw, par)
+        chunk = args.get("chunked_prefill_size")
+        if chunk is None:
+            chunk = 2048 if hw.memory_gib < 35 else 4096 if hw.memory_gib < 90 else 8192 if big else 16384
+        limits = SchedulerLimits(
+            max_running_requests=max_running,
+            kv_capacity_tokens=kv_tokens,
+            chunked_prefill_size=int(chunk),
+            max_prefill_tokens=int(args.get("max_prefill_tokens") or 16384),
+            schedule_conservativeness=float(args.get("schedule_conservativeness") or 1.0),
+        )
+        load_faults = [
+            f
+            for f in hw.faults
+            if f.phase == "load"
+            and ep >= int(f.when.get("min_ep_size", 1))
+            and f.when.get("model_kind", model.kind) == model.kind
+        ]
+        resolved = {
+            "tp_size": tp,
+            "pp_size": pp,
+            "ep_size": ep,
+            "mem_fraction_static": mem_frac,
+            "max_total_num_tokens": kv_tokens,
+            "max_running_requests": max_running,
+            "chunked_prefill_size": int(chunk),
+            "max_prefill_tokens": limits.max_prefill_tokens,
+            "cuda_graph_max_bs_decode": par.cuda_graph_max_bs,
+            "cuda_graph_decode": cuda_graph,
+            "kv_cache_dtype": model.default_kv_dtype if par.kv_dtype == "auto" else par.kv_dtype,
+            "weights_gib_per_gpu": round(weights_gib, 2),
+            "kv_pool_gib_per_gpu": round(max(pool_gib, 0), 2),
+        }
+        return cls(
+            model=model,
+            hw=hw,
+            gpus=gpus,
+            config=config,
+            args=args,
+            par=par,
+            cost=cost,
+            limits=limits,
+            resolved=resolved,
+            not_modelled=[d for d in given if d not in MODELLED and d not in NO_EFFECT],
+            no_effect=[d for d in given if d in NO_EFFECT],
+            load_faults=load_faults,
+        )
+
+    def workload(self, spec: m.BenchSpec, concurrency: int) -> tuple[np.ndarray, np.ndarray]:
+        """bench_serving's random input and output lengths for one level (seeded by the spec)."""
+        rng = np.random.RandomState(spec.seed)
+        n = spec.prompts_for(concurrency)
+        inputs = random_lengths(rng, n, spec.random_input_len, spec.random_range_ratio)
+        outputs = random_lengths(rng, n, spec.random_output_len, spec.random_range_ratio)
+        return inputs, outputs
+
+    def simulate(self, spec: m.BenchSpec, concurrency: int, *, noise: float = 0.0, seed: int | None = None
+                 ) -> LevelSimulation:  # fmt: skip
+        """Simulate one level of `spec` at `concurrency`."""
+        inputs, outputs = self.workload(spec, concurrency)
+        fault = self.load_faults[0] if self.load_faults else None
+        return simulate_level(
+            self.cost,
+            self.limits,
+            max_concurrency=concurrency,
+            input_lens=inputs,
+            output_lens=outputs,
+            request_rate=spec.request_rate,
+            seed=(spec.seed if seed is None else seed) * 1_000_003 + concurrency,
+            noise=noise,
+            fault=fault,
+        )
+
+    def level(self, spec: m.BenchSpec, sim: LevelSimulation, concurrency: int) -> m.BenchLevel:
+        """The simulated level in bench_serving's keys, plus mean_gpu_power_w and max_token_usage."""
+        level = compute_level(
+            sim.records,
+            max_concurrency=concurrency,
+            request_rate=spec.request_rate,
+            backend="sglang",
+            dataset_name=spec.dataset_name,
+            random_input_len=spec.random_input_len,
+            random_output_len=spec.random_output_len,
+            random_range_ratio=spec.random_range_ratio,
+        )
+        return m.BenchLevel(
+            **level.model_dump(),
+            mean_gpu_power_w=round(self.cost.power_w(sim.busy_s / sim.wall_s), 1),
+            max_token_usage=round(sim.max_token_usage, 4),
+        )
+
+    def telemetry(self, sim: LevelSimulation, concurrency: int) -> m.Telemetry:
+        """Simulated per-GPU telemetry for a level (every GPU of the layout alike)."""
+        power = self.cost.power_w(sim.busy_s / sim.wall_s)
+        busy = min(sim.busy_s / sim.wall_s, 1.0)
+        gpu = {
+            "name": self.hw.title,
+            "samples": 1,
+            "power_w_mean": round(power, 1),
+            "power_w_p95": round(power, 1),
+            "power_w_max": round(power, 1),
+            "power_limit_w": self.hw.tdp_w,
+            "util_gpu_pct_mean": round(100 * busy, 1),
+            "energy_j": round(power * sim.wall_s, 1),
+        }
+        return m.Telemetry(
+            source="simulated",
+            max_concurrency=concurrency,
+            gpus=[m.GpuTelemetry(gpu=i, **gpu) for i in range(self.par.gpus)],
+        )
+
+    def predict(self, spec: m.BenchSpec, *, noise: float = 0.0) -> list[tuple[m.BenchLevel, LevelSimulation]]:
+        """Every level of `spec`; after a fault under load the server is down and later levels all fail."""
+        out = []
+        down = False
+        for concurrency in spec.concurrency:
+            if down:
+                n = spec.prompts_for(concurrency)
+                sim = LevelSimulation(records=[], busy_s=0.0, wall_s=1e-9, breakdown_s={}, max_token_usage=0.0,
+                                      decode_steps=0, prefill_steps=0, retractions=0)  # fmt: skip
+                level = m.BenchLevel(
+                    **compute_level([], max_concurrency=concurrency).model_dump(exclude={"failed", "errors"}),
+                    failed=n,
+                    errors={"connection refused (server is down)": n},
+                )
+                out.append((level, sim))
+                continue
+            sim = self.simulate(spec, concurrency, noise=noise)
+            out.append((self.level(spec, sim, concurrency), sim))
+            down = sim.fault is not None
+        return out
+
+    def server_info(self) -> dict[str, Any]:
+        """What `GET /server_info` reports: the resolved args, what is not modelled, and the model path."""
+        return {
+            "engine": "pivot-sim (digital twin of SGLang 0.5.23)",
+            "model_path": self.args.get("model_path") or self.model.model_path,
+            "hardware": self.hw.name,
+            "gpus": self.gpus,
+            "resolved": self.resolved,
+            "not_modelled": self.not_modelled,
+            "no_effect_in_0_5_23": self.no_effect,
+            "max_total_num_tokens": self.limits.kv_capacity_tokens,
+            "launch_flags": self.config.argv(),
+        }

@@ -1,0 +1,196 @@
+"""Hardware and model profiles as data (TOML), shared by the twin, the analysis and the micro-benchmarks.
+
+Profiles ship with pivot (tools/profiles/hardware/*.toml, tools/profiles/models/*.toml); a path to a
+TOML file of the same shape works too. Errors name the file and the field.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from functools import cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agent.errors import PivotError
+
+HERE = Path(__file__).resolve().parent
+DTYPE_BYTES: dict[str, float] = {"nvfp4": 0.5625, "fp4": 0.5, "fp8": 1.0, "bf16": 2.0, "fp16": 2.0, "fp32": 4.0}
+
+
+class _Profile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Interconnect(_Profile):
+    """How the GPUs of one host talk to each other."""
+
+    kind: Literal["pcie4", "pcie5", "nvlink3", "nvlink4", "nvlink5"]
+    bandwidth_gbs: float = Field(gt=0, description="Per direction, per GPU, GB/s.")
+    latency_us: float = Field(ge=0, description="Fixed cost of one collective call, us.")
+
+
+class Calibration(_Profile):
+    """The twin's fitted scalars for this hardware (see tools/engines/sim/costmodel.py for where each enters)."""
+
+    host_ms_per_step: float = Field(ge=0, description="Scheduler and launch work per engine step, GPU idle.")
+    host_us_per_request: float = Field(ge=0, description="Extra host work per running request per step.")
+    bandwidth_efficiency: float = Field(gt=0, le=1, description="Achieved / peak memory bandwidth.")
+    gemm_m_half: float = Field(gt=0, description="Rows per GEMM at which efficiency reaches half its maximum.")
+    gemm_n_half: float = Field(gt=0, description="Output width at which efficiency reaches half its maximum.")
+    gemm_efficiency_max: float = Field(gt=0, le=1, description="Best achieved / peak tensor throughput.")
+    allreduce_efficiency: float = Field(gt=0, le=1, description="Achieved / link bandwidth in collectives.")
+    eager_ms_per_step: float = Field(ge=0, description="Launch overhead of a decode step run without CUDA graph.")
+    prefill_us_per_token: float = Field(
+        ge=0, description="Per-token prefill work outside the GEMM roofline (attention and indexer, KV pages)."
+    )
+    power_activity: float = Field(gt=0, le=1, description="Power above idle per unit of GPU activity.")
+
+
+class Fault(_Profile):
+    """A known failure, declared as data: when it happens and what the engine prints."""
+
+    name: str
+    description: str
+    phase: Literal["startup", "load"] = Field(description="Whether it stops the launch or a running server.")
+    when: dict[str, int | float | str] = Field(
+        description="Conditions, all of which must hold: min_ep_size, model_kind, min_running_requests, max_kv_tokens."
+    )
+    log: str = Field(description="The line the engine logs when it fails.")
+    classify: str = Field(description="The crash class pivot records, e.g. cuda-error, oom.")
+
+
+class HardwareProfile(_Profile):
+    """One GPU model: memory, bandwidth, peak throughput per dtype, power, interconnect, calibration."""
+
+    name: str
+    title: str
+    arch: str
+    sms: int
+    memory_gib: float = Field(gt=0)
+    memory_bandwidth_gbs: float = Field(gt=0)
+    tdp_w: float = Field(gt=0)
+    idle_w: float = Field(ge=0)
+    smem_per_block_kib: float = Field(gt=0)
+    l2_mib: float = Field(gt=0)
+    auto_mem_fraction_static: float = Field(
+        gt=0, lt=1, description="What SGLang's memory hook picks for --mem-fraction-static on this GPU at TP >= 4."
+    )
+    dense_tflops: dict[str, float] = Field(description="Dense tensor-core peak per dtype (fp4, fp8, bf16).")
+    interconnect: Interconnect
+    calibration: Calibration
+    faults: list[Fault] = []
+
+    def peak_tflops(self, dtype: str) -> float:
+        """Dense peak for a weight dtype; NVFP4 runs on the FP4 units, and a missing dtype falls back to BF16."""
+        key = "fp4" if dtype == "nvfp4" else dtype
+        if key in self.dense_tflops:
+            return self.dense_tflops[key]
+        if key == "fp4" and "fp8" in self.dense_tflops:  # no FP4 units (Hopper): FP4 weights run at FP8 rate
+            return self.dense_tflops["fp8"]
+        return self.dense_tflops["bf16"]
+
+
+class ParamPart(_Profile):
+    """A group of parameters with one dtype and one way of being laid out across GPUs."""
+
+    name: str
+    params: float = Field(gt=0)
+    dtype: str
+    kind: Literal["experts", "dense", "embedding"]
+    replicated: bool = Field(default=False, description="Held whole on every TP rank.")
+
+    @property
+    def bytes_per_param(self) -> float:
+        if self.dtype not in DTYPE_BYTES:
+            raise PivotError(
+                f"unknown dtype {self.dtype!r} in part {self.name}", hint=f"known: {', '.join(DTYPE_BYTES)}"
+            )
+        return DTYPE_BYTES[self.dtype]
+
+
+class ModelProfile(_Profile):
+    """One model: its parts and dtypes, shape, experts, and KV cache size per token."""
+
+    name: str
+    title: str
+    model_path: str
+    architecture: str
+    kind: Literal["moe", "dense"]
+    layers: int = Field(gt=0)
+    moe_layers: int = Field(ge=0)
+    hidden_size: int = Field(gt=0)
+    experts: int = Field(ge=0)
+    experts_per_token: int = Field(ge=0)
+    shared_experts: int = Field(ge=0)
+    expert_ffn: int = Field(ge=0)
+    context_length: int = Field(gt=0)
+    attention_flops_per_ctx_token: float = Field(ge=0)
+    kv_replicated_across_tp: bool
+    default_kv_dtype: str
+    kv_bytes_per_token: dict[str, float]
+    parts: list[ParamPart]
+
+    def part(self, kind: str) -> list[ParamPart]:
+        return [p for p in self.parts if p.kind == kind]
+
+    @property
+    def total_params(self) -> float:
+        return sum(p.params for p in self.parts)
+
+    @property
+    def active_params(self) -> float:
+        """Parameters used per token: all dense ones, and experts_per_token of the routed experts."""
+        share = self.experts_per_token / self.experts if self.experts else 0.0
+        return sum(p.params * (share if p.kind == "experts" else 1.0) for p in self.parts if p.kind != "embedding")
+
+    @property
+    def expert_params(self) -> float:
+        """Parameters of one routed expert in one layer (gate, up and down projections)."""
+        return 3 * self.hidden_size * self.expert_ffn
+
+    def kv_bytes(self, kv_dtype: str | None = None) -> float:
+        """KV bytes per token (all layers) for a KV cache dtype; `auto` means the model's default."""
+        key = self.default_kv_dtype if kv_dtype in (None, "auto") else kv_dtype
+        key = "bf16" if key == "bfloat16" else key
+        if key not in self.kv_bytes_per_token:
+            raise PivotError(
+                f"model profile {self.name} has no KV size for --kv-cache-dtype {kv_dtype}",
+                hint=f"known: {', '.join(self.kv_bytes_per_token)}",
+            )
+        return self.kv_bytes_per_token[key]
+
+
+def _load(kind: str, ref: str, model: type[BaseModel]) -> BaseModel:
+    path = Path(ref)
+    if not (path.suffix == ".toml" and path.is_file()):
+        path = HERE / kind / f"{ref}.toml"
+    if not path.is_file():
+        known = ", ".join(names(kind)) or "none"
+        raise PivotError(f"no {kind[:-1]} profile {ref!r}", hint=f"shipped {kind} profiles: {known}")
+    try:
+        return model.model_validate(tomllib.loads(path.read_text(encoding="utf-8")))
+    except tomllib.TOMLDecodeError as e:
+        raise PivotError(f"{path}: not valid TOML: {e}") from e
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        field = ".".join(str(p) for p in err["loc"])
+        raise PivotError(f"{path}: {field}: {err['msg']}") from e
+
+
+@cache
+def load_hardware(ref: str) -> HardwareProfile:
+    """A hardware profile by name (e.g. `h200`) or path."""
+    return _load("hardware", ref, HardwareProfile)  # type: ignore[return-value]
+
+
+@cache
+def load_model(ref: str) -> ModelProfile:
+    """A model profile by name (e.g. `glm-5-nvfp4`) or path."""
+    return _load("models", ref, ModelProfile)  # type: ignore[return-value]
+
+
+def names(kind: str) -> list[str]:
+    """The shipped profiles of a kind (`hardware` or `models`)."""
+    return sorted(p.stem for p in (HERE / kind).glob("*.toml"))
