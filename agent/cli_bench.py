@@ -197,6 +197,13 @@ def _spec(**given: Any) -> BenchSpec:
 )
 @click.option("--model", help="Model name in OpenAI requests (default: the first of GET /v1/models, if any).")
 @click.option(
+    "--vocab-size",
+    type=click.IntRange(min=2),
+    default=32000,
+    show_default=True,
+    help="Random token ids stay below this; the model's vocabulary size gives bench_serving's exact prompts.",
+)
+@click.option(
     "--output-file",
     type=click.Path(dir_okay=False, path_type=Path),
     help="Append one JSON line per level, with bench_serving's keys.",
@@ -231,6 +238,7 @@ def bench(
     disable_ignore_eos: bool,
     request_timeout_s: float | None,
     model: str | None,
+    vocab_size: int,
     output_file: Path | None,
     as_json: bool,
     via: str,
@@ -271,7 +279,9 @@ def bench(
                 log=None if view.live else (lambda line: err.print(line)),
             )
         else:
-            result = loadgen.benchmark(base_url, spec, model=model, on_progress=view, output_file=output_file)
+            result = loadgen.benchmark(
+                base_url, spec, model=model, on_progress=view, output_file=output_file, vocab_size=vocab_size
+            )
 
     _report(result, as_json=as_json)
     if result.interrupted:

@@ -84,10 +84,10 @@ def predict(model_profile, hardware, gpus, levels, input_len, output_len, range_
     lengths uniform in [1, 256] (bench_serving's --random-range-ratio 0), one prompt per concurrent
     request, all sent at once. Every number is simulated, not measured.
     """
-    twin = build_twin(model_profile, hardware, gpus, flags)
     spec = _workload(input_len, output_len, range_ratio, num_prompts, seed, levels)
     if noise < 0:
         raise PivotError("--noise must be >= 0")
+    twin = build_twin(model_profile, hardware, gpus, flags)
     results = twin.predict(spec, noise=noise)
     if as_json:
         print_json([dump(level) for level, _ in results])

@@ -700,4 +700,10 @@ def parse_levels(text: str | Iterable[int]) -> list[int]:
             raise PivotError(f"bad concurrency list {text!r}", hint="write levels as 1,64,256") from e
     else:
         levels = list(text)
-    return BenchSpec(concurrency=levels).concurrency
+    try:
+        return BenchSpec(concurrency=levels).concurrency
+    except ValueError as e:  # pydantic's ValidationError is a ValueError
+        reason = e.errors()[0]["msg"].removeprefix("Value error, ") if hasattr(e, "errors") else str(e)
+        raise PivotError(
+            f"bad concurrency list {text!r}: {reason}", hint="write distinct positive levels, e.g. 1,64,256"
+        ) from e

@@ -312,21 +312,31 @@ def main() -> None:
 
 
 def _ratios(results: dict[tuple[int, str], list[dict]], levels: list[int]) -> None:
-    def best(c: int, name: str) -> dict | None:
-        ok = [r for r in results.get((c, name), []) if "error" not in r]
-        return max(ok, key=lambda r: r["output_throughput"]) if ok else None
+    """pivot against bench_serving, on the medians over the repeats."""
+
+    def median(c: int, name: str, key: str) -> float | None:
+        values = sorted(r[key] for r in results.get((c, name), []) if "error" not in r)
+        return values[len(values) // 2] if values else None
+
+    def cpu_per_token(c: int, name: str) -> float | None:
+        values = sorted(
+            r["marginal_cpu_s"] / r["total_output_tokens"]
+            for r in results.get((c, name), [])
+            if "error" not in r and r.get("total_output_tokens")
+        )
+        return values[len(values) // 2] if values else None
 
     for c in levels:
-        p, b = best(c, "pivot"), best(c, "bench_serving")
-        if p and b:
-            cpu_ratio = (p["marginal_cpu_s"] / p["total_output_tokens"]) / (
-                b["marginal_cpu_s"] / b["total_output_tokens"]
-            )
-            print(
-                f"concurrency {c}: pivot / bench_serving output tok/s x{p['output_throughput'] / b['output_throughput']:.2f}, "
-                f"client CPU per token x{cpu_ratio:.2f}, mean TTFT {p['mean_ttft_ms']:.1f} vs {b['mean_ttft_ms']:.1f} ms "
-                f"(bench_serving's reference on a machine of this kind: ~{REFERENCE.get(c, 0):,} tok/s)"
-            )
+        p_tok, b_tok = median(c, "pivot", "output_throughput"), median(c, "bench_serving", "output_throughput")
+        p_cpu, b_cpu = cpu_per_token(c, "pivot"), cpu_per_token(c, "bench_serving")
+        p_ttft, b_ttft = median(c, "pivot", "mean_ttft_ms"), median(c, "bench_serving", "mean_ttft_ms")
+        if None in (p_tok, b_tok, p_cpu, b_cpu, p_ttft, b_ttft):
+            continue
+        reference = f" (the issue's bench_serving reference: ~{REFERENCE[c]:,} tok/s)" if c in REFERENCE else ""
+        print(
+            f"concurrency {c} (medians): pivot / bench_serving output tok/s x{p_tok / b_tok:.2f}, "
+            f"client CPU per token x{p_cpu / b_cpu:.2f}, mean TTFT {p_ttft:.1f} vs {b_ttft:.1f} ms{reference}"
+        )
 
 
 if __name__ == "__main__":

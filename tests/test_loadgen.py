@@ -30,7 +30,7 @@ from tools.loadgen import (
 from tools.metrics import RequestRecord
 
 # The schedule of the fidelity server: first token after T ms, then one every I ms.
-T_MS, I_MS, OUT_LEN, IN_LEN = 60.0, 6.0, 40, 32
+T_MS, I_MS, OUT_LEN, IN_LEN = 100.0, 10.0, 40, 32
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +147,26 @@ def test_request_bodies_follow_each_endpoint():
     chat = json.loads(request_body("chat", "hello", 5))
     assert chat["messages"] == [{"role": "user", "content": "hello"}] and "model" not in chat
     assert chat["max_completion_tokens"] == chat["max_tokens"] == 5
+
+
+async def test_a_finite_request_rate_sends_each_request_when_it_is_due():
+    spec = BenchSpec(
+        random_input_len=4,
+        random_output_len=3,
+        random_range_ratio=1.0,
+        concurrency=[4],
+        num_prompts=12,
+        request_rate=40.0,
+        warmup_requests=0,
+    )
+    arrivals = sample_workload(spec, 12).arrivals_s
+    async with TimedServer(ttft_ms=2, itl_ms=1) as server:
+        result = await run_sweep(server.base_url, spec, warmup_pause_s=0)
+    (level,) = result.levels
+    service_s = (2 + 2 * 1) / 1000
+    assert level.completed == 12 and level.request_rate == 40.0
+    assert level.duration == pytest.approx(arrivals[-1] + service_s, abs=0.02)
+    assert level.mean_dispatch_delay_ms < 5 and not [w for w in level.warnings if "unused" in w]
 
 
 # ------------------------------------------------------------------------------------------ reading streams
@@ -351,14 +371,17 @@ def test_the_client_check_measures_in_flight_requests_and_dispatch_delay():
     check = client_check(records, [0.0] * 4)
     assert check.max_in_flight == 2
     assert check.mean_in_flight == pytest.approx((1 * 0.5 + 2 * 1.5 + 1 * 0.5) / 2.5)
-    # requests waited until 1.5; in flight meanwhile: 1 for 0.5 s, then 2 for 1 s
-    assert check.backlog_in_flight == pytest.approx((0.5 * 1 + 1.0 * 2) / 1.5)
+    # requests waited (past the grace) until 1.5; in flight meanwhile: 1 until 0.5, then 2 for 1 s
+    grace = loadgen.PENDING_GRACE_S
+    assert check.backlog_in_flight == pytest.approx(((0.5 - grace) * 1 + 1.0 * 2) / (1.5 - grace))
     assert check.mean_dispatch_delay_ms == pytest.approx(125.0) and check.max_dispatch_delay_ms == pytest.approx(500)
 
 
 def test_the_client_warns_when_it_fell_short_of_the_load_asked_for():
-    records = [_rec(0.0, 1.0), _rec(0.5, 1.5, queued=0.5), _rec(1.0, 2.0), _rec(1.5, 2.5)]
+    # slot B starts 0.9 s late: 15% of the concurrency x time asked for goes unused while requests wait
+    records = [_rec(0.0, 1.0), _rec(0.9, 1.9, queued=0.9), _rec(1.0, 2.0), _rec(1.9, 2.9)]
     check = client_check(records, [0.0] * 4)
+    assert check.unused_share(2) == pytest.approx(0.155, abs=0.005)
     level = BenchLevel.model_validate(
         {k: 1.0 for k in BenchLevel.model_fields if k.endswith("_ms") or k.endswith("throughput")}
         | {"duration": 2.5, "completed": 4, "total_input_tokens": 4, "total_output_tokens": 4}
@@ -366,9 +389,18 @@ def test_the_client_warns_when_it_fell_short_of_the_load_asked_for():
     )
     warnings = client_warnings(level, check, target=2, cpu_s=2.4, wall_s=2.5, loop_lag_p99_ms=40.0, no_usage=0)
     text = " | ".join(warnings)
-    assert "requests in flight on average while requests were waiting" in text
+    assert "of the level's concurrency unused" in text
     assert "inside the client before being sent" in text
     assert "event loop ran 40.0 ms late" in text
     assert "96% of a CPU core" in text
     quiet = client_check([_rec(0.0, 1.0), _rec(0.0, 1.0)], [0.0, 0.0])
     assert client_warnings(level, quiet, target=2, cpu_s=0.1, wall_s=1.0, loop_lag_p99_ms=0.5, no_usage=0) == []
+    # Poisson arrivals at a low rate: one request at a time, each sent 0.2 ms after it was due
+    lone = [_rec(t + 0.0002, t + 0.1, queued=0.0002) for t in (0.0, 0.5, 1.0)]
+    sparse = client_check(lone, [0.0, 0.5, 1.0])
+    assert sparse.backlog_in_flight is None and sparse.max_in_flight == 1
+    assert client_warnings(level, sparse, target=64, cpu_s=0.1, wall_s=1.1, loop_lag_p99_ms=0.5, no_usage=0) == []
+    # all sent at once, the last one 5 ms after the first: a start-up ramp, not a shortfall
+    ramp = client_check([_rec(k * 0.0003, 1.0 + k * 0.0003) for k in range(16)], [0.0] * 16)
+    assert ramp.backlog_in_flight is not None and ramp.unused_share(16) < 0.01
+    assert client_warnings(level, ramp, target=16, cpu_s=0.1, wall_s=1.0, loop_lag_p99_ms=0.5, no_usage=0) == []

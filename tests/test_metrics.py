@@ -152,7 +152,7 @@ def test_failures_are_counted_with_reasons_and_never_raise():
     assert level.errors == {"HTTP 500": 2, "stream cut after 1 chunk": 1, "no tokens received": 1}
     assert level.duration == pytest.approx(3.0)  # failed requests still take time
     assert level.total_input_tokens == 10  # only successful requests' prompts count
-    assert level.max_concurrent_requests == 5
+    assert level.max_concurrent_requests == 1  # successful requests only, as bench_serving counts them
 
 
 def test_all_failed_or_empty_gives_zeros():

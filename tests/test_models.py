@@ -122,6 +122,8 @@ def test_bench_spec_levels_prompts_and_workload_key():
     assert parse_levels("1, 64,256") == [1, 64, 256]
     with pytest.raises(PivotError):
         parse_levels("1,many")
+    with pytest.raises(PivotError, match="must not repeat"):
+        parse_levels("4,4")
 
 
 def _item(**kw):

@@ -62,10 +62,12 @@ ENDPOINT_PATHS = {"generate": "/generate", "completions": "/v1/completions", "ch
 _BACKEND_SUFFIX = {"generate": "", "completions": "-oai", "chat": "-oai-chat"}  # sglang, sglang-oai, sglang-oai-chat
 WARMUP_OUTPUT_LEN = 32  # bench_serving's warmup asks for min(output_len, 32) tokens
 PROGRESS_INTERVAL_S = 0.5
+DISPATCH_BATCH = 32  # workers started per event-loop turn at the start of a level
 PREBUILD_BYTES = 256 * 2**20  # request bodies built ahead of a level, at most (about 8 bytes per prompt token)
 
-# Thresholds of the client's self-check (see `_client_check`).
-SUSTAIN_SHARE = 0.9  # mean in flight while requests waited, as a share of the concurrency asked for
+# Thresholds of the client's self-check (see `client_check` and `client_warnings`).
+PENDING_GRACE_S = 0.002  # a due request still unsent after this (asyncio timers wake up to 1 ms late) is a backlog
+SUSTAIN_SHARE = 0.9  # concurrency x time actually used while requests waited, as a share of what was asked for
 DISPATCH_DELAY_MS = 10.0  # mean dispatch delay above max(this, DISPATCH_DELAY_SHARE x mean TTFT) is large
 DISPATCH_DELAY_SHARE = 0.05
 LOOP_LAG_MS = 5.0  # p99 lateness of the event loop above max(this, 5% of mean ITL) is reported
@@ -404,16 +406,29 @@ class ClientCheck:
     backlog_in_flight: float | None  # mean in flight while some request had arrived but was not yet sent
     mean_dispatch_delay_ms: float
     max_dispatch_delay_ms: float
+    backlog_s: float = 0.0  # how long some request was waiting inside the client
+    span_s: float = 0.0  # the level, first send to last answer
+
+    def unused_share(self, target: int) -> float:
+        """Share of the concurrency x time asked for that went unused while requests were waiting to be sent."""
+        if self.backlog_in_flight is None or target <= 0 or self.span_s <= 0:
+            return 0.0
+        return (target - self.backlog_in_flight) * self.backlog_s / (target * self.span_s)
 
 
 def client_check(records: Sequence[RequestRecord], arrivals_s: Sequence[float]) -> ClientCheck:
     """In-flight requests over time (mean over the level, peak, and mean while requests waited), and dispatch delay."""
     events: list[tuple[float, int, int]] = []  # (time, change in flight, change waiting)
     for rec, arrived in zip(records, arrivals_s, strict=True):
-        end = rec.finished_s()
-        events.append((arrived, 0, 1))
-        events.append((rec.start_s, 1, -1))
-        events.append((end, -1, 0))
+        # A request counts as waiting once it is PENDING_GRACE_S past due: sending takes a moment, and
+        # counting that moment would make every lone Poisson arrival look like a backlog.
+        pending_from = arrived + PENDING_GRACE_S
+        if rec.start_s > pending_from:
+            events.append((pending_from, 0, 1))
+            events.append((rec.start_s, 1, -1))
+        else:
+            events.append((rec.start_s, 1, 0))
+        events.append((rec.finished_s(), -1, 0))
     if not records:
         return ClientCheck(0.0, 0, None, 0.0, 0.0)
     events.sort(key=lambda e: (e[0], e[1]))  # at equal times an end frees its slot before a start takes it
@@ -442,6 +457,8 @@ def client_check(records: Sequence[RequestRecord], arrivals_s: Sequence[float]) 
         backlog_in_flight=backlog_area / backlog_time if backlog_time > 0 else None,
         mean_dispatch_delay_ms=float(delays.mean()) * 1000,
         max_dispatch_delay_ms=float(delays.max()) * 1000,
+        backlog_s=backlog_time,
+        span_s=span,
     )
 
 
@@ -457,13 +474,14 @@ def client_warnings(
 ) -> list[str]:
     """Plain sentences for each way the client fell short of the load it was asked to put on the server."""
     warnings = []
-    if check.backlog_in_flight is not None and check.backlog_in_flight < SUSTAIN_SHARE * target:
+    unused = check.unused_share(target)
+    if check.backlog_in_flight is not None and unused > 1 - SUSTAIN_SHARE:
         warnings.append(
-            f"the client held {check.backlog_in_flight:,.1f} requests in flight on average while requests were "
-            f"waiting to be sent, short of the {target} asked for ({check.backlog_in_flight / target:.0%}): "
-            "the server saw less concurrency than this level's label says"
+            f"while requests were waiting to be sent ({check.backlog_s:,.2f} s of {check.span_s:,.2f} s), the client "
+            f"held {check.backlog_in_flight:,.1f} of the {target} requests in flight asked for, leaving {unused:.0%} "
+            "of the level's concurrency unused: the server saw less load than this level's label says"
         )
-    elif check.max_in_flight < target and check.backlog_in_flight is not None:
+    elif check.backlog_in_flight is not None and check.max_in_flight < target:
         warnings.append(f"the client never had more than {check.max_in_flight} of {target} requests in flight")
     delay_limit_ms = max(DISPATCH_DELAY_MS, DISPATCH_DELAY_SHARE * level.mean_ttft_ms)
     if check.mean_dispatch_delay_ms > delay_limit_ms:
@@ -493,7 +511,7 @@ class _LoopLag:
 
     def __init__(self, interval_s: float = 0.005) -> None:
         self.interval_s = interval_s
-        self.samples: list[float] = []
+        self.samples = array("d")
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
@@ -750,8 +768,11 @@ class _Sweep:
             self._report(LevelProgress(phase="running", **base))
             lag.start()
             report_task = asyncio.create_task(reporter())
-            tasks = [asyncio.create_task(worker()) for _ in range(workers)]
+            tasks: list[asyncio.Task[None]] = []
             try:
+                for first in range(0, workers, DISPATCH_BATCH):
+                    tasks += [asyncio.create_task(worker()) for _ in range(min(DISPATCH_BATCH, workers - first))]
+                    await asyncio.sleep(0)  # between batches of first sends, read the answers already arriving
                 await asyncio.gather(*tasks)
             finally:
                 for task in (*tasks, report_task):
@@ -764,6 +785,7 @@ class _Sweep:
         accept_length = await _accept_length(self.base_url) if self.backend == "sglang" else None
 
         done = [r for r in records if r is not None]
+        arrived = [t0 + float(a) for a, r in zip(workload.arrivals_s, records, strict=True) if r is not None]
         level = compute_level(
             done,
             max_concurrency=concurrency,
@@ -774,7 +796,7 @@ class _Sweep:
             random_output_len=spec.random_output_len,
             random_range_ratio=spec.random_range_ratio,
         )
-        check = client_check(done, [t0 + float(a) for a in workload.arrivals_s])
+        check = client_check(done, arrived)
         warnings = client_warnings(
             level,
             check,
@@ -960,7 +982,8 @@ def reference_sweep(
     """The same sweep run by SGLang's own benchmark module, one process per level; its JSONL read back.
 
     Raises PivotError when `python` has no SGLang or a level's process fails. Ctrl-C stops the
-    running level and returns the finished ones with `interrupted=True`.
+    running level and returns the finished ones with `interrupted=True`. Each level's client_cpu_s
+    is its whole bench_serving process (start-up and imports included).
     """
     if not has_sglang_benchmark(python):
         raise PivotError(

@@ -17,8 +17,11 @@ pivot's numbers can be put next to the reference tool's:
 - concurrency = sum of E2E latencies / duration (Little's law).
 - max_output_tokens_per_s: the most token timestamps in any 1-second bucket since the first send,
   where a request's token timestamps are send + ttft, then + cumsum(itl).
-- max_concurrent_requests: the most requests in flight during any such 1-second bucket.
-Failed requests are counted in `failed` and `errors` (reason -> count) and never raise.
+- max_concurrent_requests: the most successful requests in flight during any such 1-second bucket.
+Failed requests are counted in `failed` and `errors` (reason -> count) and never raise. Two choices of
+our own: duration runs from the first send to the last end (bench_serving also counts its final
+/server_info call), and a stream that carried no token is a failure (bench_serving counts it as a
+success with TTFT 0).
 """
 
 from __future__ import annotations
@@ -135,7 +138,7 @@ def compute_level(
         max_tok_s = float(np.bincount(buckets, minlength=n_buckets).max())
     else:
         max_tok_s = 0.0
-    max_conc = _peak_in_flight_per_second([(r.start_s, r.finished_s()) for r in records], t0, n_buckets)
+    max_conc = _peak_in_flight_per_second([(r.start_s, r.finished_s()) for r in done], t0, n_buckets)
 
     return BenchLevel(
         backend=backend,
