@@ -196,7 +196,7 @@ def test_via_sglang_runs_its_benchmark_module_with_the_same_workload(tmp_path):
 
 def test_ctrl_c_stops_cleanly_and_keeps_the_finished_levels(tmp_path):
     out = tmp_path / "sweep.jsonl"
-    with spawn("--ttft-ms", "5", "--itl-ms", "5") as slow_url:
+    with spawn("--ttft-ms", "5", "--itl-ms", "20") as slow_url:  # levels of 1-2 s: room to interrupt the second
         cmd = [sys.executable, "-c", "from agent.cli import main; main()", "bench", "--base-url", slow_url]
         cmd += ["--concurrency", "2,4,8", "--output-len", "60", "--range-ratio", "1", "--input-len", "8"]
         cmd += ["--num-prompts", "4", "--warmup-requests", "0", "--output-file", str(out), "--json"]
