@@ -16,7 +16,15 @@ def sim() -> None:
     """The digital twin of SGLang: predict a sweep, or serve SGLang's endpoints from it."""
 
 
-def _workload(input_len, output_len, range_ratio, num_prompts, seed, levels) -> m.BenchSpec:
+def _workload(
+    input_len: int | None,
+    output_len: int | None,
+    range_ratio: float | None,
+    num_prompts: int | None,
+    seed: int | None,
+    levels: str,
+) -> m.BenchSpec:
+    """The calibration workload with the command line's overrides."""
     from agent.plans import load_plan
 
     base = load_plan(DEFAULT_PLAN).workload

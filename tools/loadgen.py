@@ -55,9 +55,8 @@ from yarl import URL
 from agent.errors import PivotError
 from agent.models import BenchLevel, BenchResult, BenchSpec, utcnow
 from tools.httpstream import HttpStreamClient, StreamError
-from tools.metrics import RequestRecord, compute_level
+from tools.metrics import DEFAULT_VOCAB_SIZE, RequestRecord, compute_level, workload_draws
 
-DEFAULT_VOCAB_SIZE = 32000  # random-ids stay below this: every common tokenizer has at least this many ids
 ENDPOINT_PATHS = {"generate": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
 _BACKEND_SUFFIX = {"generate": "", "completions": "-oai", "chat": "-oai-chat"}  # sglang, sglang-oai, sglang-oai-chat
 WARMUP_OUTPUT_LEN = 32  # bench_serving's warmup asks for min(output_len, 32) tokens
@@ -129,11 +128,6 @@ class LevelProgress(BaseModel):
 # ---------------------------------------------------------------------------------------------- workload
 
 
-def random_lens(full_len: int, range_ratio: float, num: int, rs: np.random.RandomState) -> np.ndarray:
-    """bench_serving's `compute_random_lens`: uniform integers in [max(int(L * ratio), 1), L]."""
-    return rs.randint(max(int(full_len * range_ratio), 1), full_len + 1, size=num)
-
-
 @dataclass(slots=True)
 class Workload:
     """One level's prompts as bench_serving draws them for random-ids (same seed, same numbers), and when each is due."""
@@ -167,15 +161,7 @@ class Workload:
 
 def sample_workload(spec: BenchSpec, num_prompts: int, *, vocab_size: int = DEFAULT_VOCAB_SIZE) -> Workload:
     """The prompts of one level: bench_serving's random-ids draws with `spec.seed`, in bench_serving's order."""
-    rs = np.random.RandomState(spec.seed)  # the legacy generator, as `np.random.seed(args.seed)` gives
-    input_lens = random_lens(spec.random_input_len, spec.random_range_ratio, num_prompts, rs)
-    output_lens = random_lens(spec.random_output_len, spec.random_range_ratio, num_prompts, rs)
-    offsets = rs.randint(0, vocab_size, size=num_prompts)
-    if math.isinf(spec.request_rate):
-        arrivals = np.zeros(num_prompts)
-    else:  # bench_serving yields a request, then sleeps an exponential gap before the next
-        gaps = rs.exponential(1.0 / spec.request_rate, size=max(num_prompts - 1, 0))
-        arrivals = np.concatenate(([0.0], np.cumsum(gaps)))
+    input_lens, output_lens, offsets, arrivals = workload_draws(spec, num_prompts, vocab_size)
     return Workload(input_lens, output_lens, offsets, arrivals, vocab_size, spec.seed)
 
 

@@ -1,4 +1,7 @@
-"""bench_serving's metric definitions, computed from per-request records; shared by the load generator and the twin.
+"""bench_serving's definitions, shared by the load generator and the twin: the workload it draws, and its metrics.
+
+Workload: random-ids lengths, prompt offsets and arrival gaps come from the same seeded numpy calls, in
+the same order, as bench_serving's (`workload_draws`), so pivot bench and the twin send the same requests.
 
 The definitions are those of `sglang.bench_serving` (`calculate_metrics` and the peak figures), so
 pivot's numbers can be put next to the reference tool's:
@@ -33,9 +36,32 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.models import BenchLevel
+from agent.models import BenchLevel, BenchSpec
 
 PERCENTILES = (90, 95, 99)
+DEFAULT_VOCAB_SIZE = 32000  # random-ids stay below this: every common tokenizer has at least this many ids
+
+
+def random_lens(full_len: int, range_ratio: float, num: int, rs: np.random.RandomState) -> np.ndarray:
+    """bench_serving's `compute_random_lens`: uniform integers in [max(int(L * ratio), 1), L]."""
+    return rs.randint(max(int(full_len * range_ratio), 1), full_len + 1, size=num)
+
+
+def workload_draws(
+    spec: BenchSpec, num_prompts: int, vocab_size: int = DEFAULT_VOCAB_SIZE
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """bench_serving's random-ids draws with `spec.seed`, in its order: input lengths, output lengths,
+    prompt offsets, then the arrival times (seconds; all 0 at an infinite request rate)."""
+    rs = np.random.RandomState(spec.seed)  # the legacy generator, as `np.random.seed(args.seed)` gives
+    input_lens = random_lens(spec.random_input_len, spec.random_range_ratio, num_prompts, rs)
+    output_lens = random_lens(spec.random_output_len, spec.random_range_ratio, num_prompts, rs)
+    offsets = rs.randint(0, vocab_size, size=num_prompts)
+    if math.isinf(spec.request_rate):
+        arrivals = np.zeros(num_prompts)
+    else:  # bench_serving yields a request, then sleeps an exponential gap before the next
+        gaps = rs.exponential(1.0 / spec.request_rate, size=max(num_prompts - 1, 0))
+        arrivals = np.concatenate(([0.0], np.cumsum(gaps)))
+    return input_lens, output_lens, offsets, arrivals
 
 
 @dataclass(slots=True)

@@ -15,8 +15,8 @@ MoE layers, E routed experts, k experts per token, tp/pp/ep the parallel sizes. 
   expert time                   t_exp = max(W_exp / BW, F_exp / (peak(dtype) * eff(m, n)))      (roofline)
   dense parts (attention projections, shared expert, lm_head): the same roofline with m = B,
                                 n = hidden / tp, bytes / tp (whole on every rank if replicated)
-  KV read                       t_kv = max(ctx_tokens * kv_bytes / (pp * tp?) / BW, attention FLOPs / (peak * eff_max))
-                                (MLA keeps its latent on every TP rank; GQA splits KV heads over TP)
+  KV read                       t_kv = max(ctx_tokens * kv_bytes / (pp * s) / BW, attention FLOPs / (peak * eff_max)),
+                                s = 1 for MLA (its latent is on every TP rank), tp for GQA (KV heads split over TP)
   TP all-reduce                 2 per layer, payload B * hidden * 2 bytes:
                                 t_ar = (L/pp) * 2 * (lat + 2(tp-1)/tp * payload / (link_bw * [allreduce_efficiency]))
                                 (MSCCL++ halves lat for payloads under 1 MiB)
@@ -109,7 +109,7 @@ class CostModel:
         n_experts = max(model.moe_layers * model.experts, 1)
         self.bytes_per_expert = self.expert_bytes_total / n_experts
         self.kv_bytes = model.kv_bytes(par.kv_dtype)
-        self._dense = [p for p in model.part("dense")]
+        self._dense = model.part("dense")
 
     # ---- memory
 

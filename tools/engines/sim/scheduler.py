@@ -14,7 +14,6 @@ metrics code as a real benchmark (tools/metrics.py).
 from __future__ import annotations
 
 import heapq
-import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -261,11 +260,6 @@ class LevelSimulation:
     fault_at_s: float | None = None
 
 
-def random_lengths(rng: np.random.RandomState, n: int, length: int, ratio: float) -> np.ndarray:
-    """bench_serving's random lengths: uniform integers in [max(int(L * ratio), 1), L]."""
-    return rng.randint(max(int(length * ratio), 1), length + 1, size=n)
-
-
 def simulate_level(
     cost: CostModel,
     limits: SchedulerLimits,
@@ -273,19 +267,16 @@ def simulate_level(
     max_concurrency: int,
     input_lens: np.ndarray,
     output_lens: np.ndarray,
-    request_rate: float = math.inf,
+    arrivals_s: np.ndarray | None = None,
     seed: int = 0,
     noise: float = 0.0,
     fault: Fault | None = None,
 ) -> LevelSimulation:
-    """Simulate one benchmark level in virtual time: the client keeps `max_concurrency` requests in flight."""
+    """Simulate one benchmark level in virtual time: the client keeps `max_concurrency` requests in flight,
+    each sent when it is due (`arrivals_s`, all at once by default) and a slot is free."""
     n = len(input_lens)
     core = EngineCore(cost, limits, noise=noise, seed=seed, fault=fault)
-    if math.isfinite(request_rate):
-        arrivals = np.cumsum(core.rng.exponential(1.0 / request_rate, size=n))
-        arrivals -= arrivals[0]
-    else:
-        arrivals = np.zeros(n)
+    arrivals = np.zeros(n) if arrivals_s is None else np.asarray(arrivals_s, dtype=np.float64)
     reqs = [Req(i, int(input_lens[i]), int(output_lens[i])) for i in range(n)]
     send = np.zeros(n)
     end = np.full(n, np.nan)

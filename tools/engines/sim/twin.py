@@ -10,7 +10,7 @@ power per GPU, KV usage, the step-time breakdown and any fault under load.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -18,8 +18,8 @@ import numpy as np
 from agent import models as m
 from agent.errors import PivotError
 from tools.engines.sim.costmodel import CostModel, Parallel
-from tools.engines.sim.scheduler import LevelSimulation, SchedulerLimits, random_lengths, simulate_level
-from tools.metrics import compute_level
+from tools.engines.sim.scheduler import LevelSimulation, SchedulerLimits, simulate_level
+from tools.metrics import compute_level, workload_draws
 from tools.profiles import Fault, HardwareProfile, ModelProfile, load_hardware, load_model
 
 GIB = 1 << 30
@@ -173,7 +173,7 @@ class Twin:
             auto = min(max(kv_tokens / model.context_length * 512, 2048), 4096)
             max_running = int(min(auto, kv_tokens // 2))
         max_running = int(max_running)
-        par = Parallel(**{**par.__dict__, "cuda_graph_max_bs": min(par.cuda_graph_max_bs, max_running)})
+        par = replace(par, cuda_graph_max_bs=min(par.cuda_graph_max_bs, max_running))
         cost = CostModel(model, hw, par)
         chunk = args.get("chunked_prefill_size")
         if chunk is None:
@@ -222,18 +222,15 @@ class Twin:
             load_faults=load_faults,
         )
 
-    def workload(self, spec: m.BenchSpec, concurrency: int) -> tuple[np.ndarray, np.ndarray]:
-        """bench_serving's random input and output lengths for one level (seeded by the spec)."""
-        rng = np.random.RandomState(spec.seed)
-        n = spec.prompts_for(concurrency)
-        inputs = random_lengths(rng, n, spec.random_input_len, spec.random_range_ratio)
-        outputs = random_lengths(rng, n, spec.random_output_len, spec.random_range_ratio)
-        return inputs, outputs
+    def workload(self, spec: m.BenchSpec, concurrency: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """bench_serving's input lengths, output lengths and arrival times for one level (seeded by the spec)."""
+        inputs, outputs, _, arrivals = workload_draws(spec, spec.prompts_for(concurrency))
+        return inputs, outputs, arrivals
 
     def simulate(self, spec: m.BenchSpec, concurrency: int, *, noise: float = 0.0, seed: int | None = None
                  ) -> LevelSimulation:  # fmt: skip
         """Simulate one level of `spec` at `concurrency`."""
-        inputs, outputs = self.workload(spec, concurrency)
+        inputs, outputs, arrivals = self.workload(spec, concurrency)
         fault = self.load_faults[0] if self.load_faults else None
         return simulate_level(
             self.cost,
@@ -241,7 +238,7 @@ class Twin:
             max_concurrency=concurrency,
             input_lens=inputs,
             output_lens=outputs,
-            request_rate=spec.request_rate,
+            arrivals_s=arrivals,
             seed=(spec.seed if seed is None else seed) * 1_000_003 + concurrency,
             noise=noise,
             fault=fault,
