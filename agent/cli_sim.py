@@ -118,7 +118,7 @@ def predict(model_profile, hardware, gpus, levels, input_len, output_len, range_
         err.print(f"note: no effect in SGLang 0.5.23 (accepted, read by nothing): {', '.join(twin.no_effect)}")
     if twin.not_modelled:
         err.print(f"note: accepted but not modelled by the twin: {', '.join(twin.not_modelled)}")
-    rows = make_table("conc", "ok/failed", "out tok/s", "total tok/s", "peak out", "TTFT ms", "TPOT ms", "ITL ms",
+    rows = make_table("conc", "ok/fail", "out tok/s", "total tok/s", "peak out", "TTFT ms", "TPOT ms", "ITL ms",
                    "W/GPU", "KV use")  # fmt: skip
     for level, _ in results:
         extra = level.model_extra or {}
