@@ -73,9 +73,6 @@ class Engine(Protocol):
         ...
 
 
-EngineFactory = Callable[..., Engine]
-
-
 @dataclass(frozen=True)
 class Paths:
     """Where one home keeps its files: the ledger in state/, generated documents in docs_out/."""

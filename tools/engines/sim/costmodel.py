@@ -42,7 +42,7 @@ tensor cores and memory are working (t_exp + t_dense + t_kv over the step time).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tools.profiles import HardwareProfile, ModelProfile
 
@@ -62,7 +62,6 @@ class Parallel:
     overlap_schedule: bool = True
     mscclpp: bool = False
     single_batch_overlap: bool = False
-    a2a: bool = False  # an all-to-all MoE backend (moe_a2a_backend != none, or EP)
 
     @property
     def gpus(self) -> int:
@@ -81,7 +80,6 @@ class StepCost:
     host_s: float = 0.0
     eager_s: float = 0.0
     busy_s: float = 0.0
-    parts: dict[str, float] = field(default_factory=dict)
 
     def breakdown(self) -> dict[str, float]:
         """Seconds by component: expert GEMMs, dense GEMMs, attention, communication, host overhead."""

@@ -152,7 +152,6 @@ class Twin:
             overlap_schedule=not args.get("disable_overlap_schedule"),
             mscclpp=bool(args.get("enable_mscclpp")),
             single_batch_overlap=bool(args.get("enable_single_batch_overlap")) and (ep > 1 or a2a_backend != "none"),
-            a2a=ep > 1 or a2a_backend != "none",
         )
         cost = CostModel(model, hw, par)
         mem_frac = float(args.get("mem_fraction_static") or hw.auto_mem_fraction_static)
