@@ -68,7 +68,7 @@ def test_ttft_tpot_and_throughput_match_the_servers_schedule(timed_url, endpoint
     assert level.max_in_flight == concurrency
     # The server keeps its schedule to within its timer's resolution, and says how late it was;
     # what the client measures must match what the server did, within 1 ms + 3%.
-    assert server["mean_first_token_late_ms"] < 2.0 and abs(server["mean_tpot_ms"] - I_MS) < 0.2
+    assert server["mean_first_token_late_ms"] < 3.0 and abs(server["mean_tpot_ms"] - I_MS) < 0.3
     assert level.mean_ttft_ms == pytest.approx(server["mean_ttft_ms"], abs=1.0 + 0.03 * T_MS)
     assert level.mean_tpot_ms == pytest.approx(server["mean_tpot_ms"], abs=1.0 + 0.03 * I_MS)
     assert level.mean_itl_ms == pytest.approx(server["mean_tpot_ms"], abs=1.0 + 0.03 * I_MS)
