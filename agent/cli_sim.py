@@ -56,15 +56,9 @@ def build_twin(model_profile: str, hardware: str, gpus: int, flags: tuple[str, .
     """The twin for a command line; SGLang's own parse errors and startup failures become PivotErrors."""
     from tools.engines.catalog import CatalogError
     from tools.engines.sim.twin import Twin, TwinStartupError
-    from tools.profiles import load_model
 
-    config = m.ServerConfig.parse(list(flags))
-    if "--model-path" not in config and "--model" not in config:
-        config = m.ServerConfig(
-            flags=(m.Flag(name="--model-path", value=load_model(model_profile).model_path), *config.flags)
-        )
     try:
-        return Twin.build(model_profile, hardware, gpus, config)
+        return Twin.build(model_profile, hardware, gpus, m.ServerConfig.parse(list(flags)))
     except CatalogError as e:
         raise PivotError(f"SGLang would refuse these flags: {e.message}", hint=e.hint) from e
     except TwinStartupError as e:

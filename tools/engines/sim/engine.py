@@ -9,7 +9,6 @@ from agent.errors import PivotError
 from agent.session import ProgressCallback
 from tools.engines.catalog import CatalogError, audit, load_catalog
 from tools.engines.sim.twin import Twin, TwinStartupError
-from tools.metrics import compute_level
 
 VERSION = "0.5.23"
 
@@ -31,13 +30,7 @@ class SimDeployment:
         self._alive = True
         self._last: m.Telemetry | None = None
         self._lines: list[str] = []
-        r = twin.resolved
-        self._log(
-            f"max_total_num_tokens={r['max_total_num_tokens']}, chunked_prefill_size={r['chunked_prefill_size']}, "
-            f"max_prefill_tokens={r['max_prefill_tokens']}, max_running_requests={r['max_running_requests']}, "
-            f"context_len={twin.model.context_length}, "
-            f"available_gpu_mem={twin.hw.memory_gib * (1 - r['mem_fraction_static']):.2f} GB"
-        )
+        self._log(twin.startup_line())
         self._log("The server is fired up and ready to roll!")
 
     def _log(self, line: str) -> None:
@@ -58,27 +51,23 @@ class SimDeployment:
     def benchmark(self, spec: m.BenchSpec, on_progress: ProgressCallback | None = None) -> m.BenchResult:
         """Simulate the sweep; a fault under load is logged, its level's requests fail, and the server is down."""
         result = m.BenchResult(spec=spec, engine="sim", source="simulated")
-        for concurrency in spec.concurrency:
-            if not self._alive:
-                n = spec.prompts_for(concurrency)
-                down = compute_level([], max_concurrency=concurrency).model_dump(exclude={"failed", "errors"})
-                result.levels.append(m.BenchLevel(**down, failed=n, errors={"server is not running": n}))
-                continue
-            sim = self.twin.simulate(spec, concurrency, noise=self.noise)
-            level = self.twin.level(spec, sim, concurrency)
+        for level, sim in self.twin.predict(spec, noise=self.noise, down=not self._alive):
             result.levels.append(level)
-            self._last = self.twin.telemetry(sim, concurrency)
+            if not sim.records:  # the server was already down: nothing ran
+                continue
+            self._last = self.twin.telemetry(sim, level.max_concurrency or 0)
             self._log(
-                f"Decode batch, #running-req: {min(concurrency, self.twin.limits.max_running_requests)}, "
+                f"Decode batch, #running-req: {min(level.max_concurrency or 0, self.twin.limits.max_running_requests)}, "
                 f"token usage: {sim.max_token_usage:.2f}, gen throughput (token/s): {level.output_throughput:.2f}"
             )
             if on_progress:
-                on_progress(f"concurrency {concurrency}: {level.output_throughput:,.0f} output tok/s (simulated)")
+                on_progress(
+                    f"concurrency {level.max_concurrency}: {level.output_throughput:,.0f} output tok/s (simulated)"
+                )
             if sim.fault is not None:
                 self._log(sim.fault.log)
                 self._alive = False
         result.finished_at = m.utcnow()
-        result.interrupted = False
         return result
 
     def telemetry(self) -> m.Telemetry:

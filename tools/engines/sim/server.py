@@ -924,8 +924,8 @@ def resolved_args(twin: Twin) -> dict[str, Any]:
     }
 
 
-def _startup_lines(twin: Twin, warnings: list[str]) -> None:
-    for warning in warnings:
+def _startup_lines(twin: Twin) -> None:
+    for warning in twin.warnings:
         http_log.warning(warning)
     r, hw = twin.resolved, twin.hw
     args = ", ".join(f"{k}={v!r}" for k, v in resolved_args(twin).items())
@@ -938,12 +938,7 @@ def _startup_lines(twin: Twin, warnings: list[str]) -> None:
     sched_log.info(
         f"KV Cache is allocated. #tokens: {r['max_total_num_tokens']}, KV size: {r['kv_pool_gib_per_gpu']:.2f} GB"
     )
-    available = hw.memory_gib - r["weights_gib_per_gpu"] - r["kv_pool_gib_per_gpu"]
-    sched_log.info(
-        f"max_total_num_tokens={r['max_total_num_tokens']}, chunked_prefill_size={r['chunked_prefill_size']}, "
-        f"max_prefill_tokens={r['max_prefill_tokens']}, max_running_requests={r['max_running_requests']}, "
-        f"context_len={twin.model.context_length}, available_gpu_mem={available:.2f} GB"
-    )
+    sched_log.info(twin.startup_line())
     if twin.no_effect:
         http_log.info(
             f"pivot twin: accepted flags with no effect in SGLang {SGLANG_VERSION}: {', '.join(twin.no_effect)}"
@@ -958,30 +953,24 @@ def serve(flags: Sequence[str], *, model_profile: str, hardware: str, gpus: int,
     Flags SGLang refuses print SGLang's own usage error and return its code (2); a startup fault logs
     SGLang's line and returns 1. Profiles that do not exist raise PivotError (pivot's error, not SGLang's).
     """
-    from tools.engines.catalog import CatalogError, load_catalog
-    from tools.profiles import load_model
+    from tools.engines.catalog import CatalogError
 
-    argv = list(flags)
-    catalog = load_catalog("sglang", SGLANG_VERSION)
     try:
-        parsed = catalog.parse_args(argv, require_model=False)
+        twin = Twin.build(model_profile, hardware, gpus, m.ServerConfig.parse(list(flags)), SGLANG_VERSION)
     except CatalogError as e:
         sys.stdout.write(e.stdout)
         sys.stderr.write(e.stderr)
         return e.exit_code
-    if parsed.values.get("model_path") is None:
-        argv = ["--model-path", load_model(model_profile).model_path, *argv]
-    setup_logging(str(parsed.values.get("log_level") or "info"))
-    try:
-        twin = Twin.build(model_profile, hardware, gpus, m.ServerConfig.parse(argv), SGLANG_VERSION)
     except TwinStartupError as e:
+        setup_logging("info")
         if e.classify == "argument-validation":  # SGLang's arg hooks raise in the launching process itself
             http_log.error(f"Traceback (most recent call last):\n{e.log}")
         else:  # the scheduler process fails while loading, and the launcher notices
             sched_log.error(f"Scheduler hit an exception: Traceback (most recent call last):\n{e.log}")
             http_log.error("Received sigquit from a child process. It usually means the child failed.")
         return e.exit_code
-    _startup_lines(twin, parsed.warnings)
+    setup_logging(str(twin.args.get("log_level") or "info"))
+    _startup_lines(twin)
     server = TwinServer(twin, options)
-    host, port = str(parsed.values.get("host") or "127.0.0.1"), int(parsed.values.get("port") or 30000)
+    host, port = str(twin.args.get("host") or "127.0.0.1"), int(twin.args.get("port") or 30000)
     return asyncio.run(server.run(host, port))

@@ -10,6 +10,7 @@ power per GPU, KV usage, the step-time breakdown and any fault under load.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,8 +37,6 @@ MODELLED = frozenset(
         "skip_tokenizer_init", "log_level",
     }
 )  # fmt: skip
-# Accepted by SGLang 0.5.23 but read by nothing in it (the audit's "noop"): they change nothing here either.
-NO_EFFECT = frozenset({"num_continuous_decode_steps"})
 
 
 class TwinStartupError(PivotError):
@@ -48,23 +47,23 @@ class TwinStartupError(PivotError):
         self.log, self.classify, self.exit_code = log, classify, exit_code
 
 
-def parse_flags(config: m.ServerConfig, version: str = "0.5.23") -> dict[str, Any]:
-    """dest -> value for every SGLang flag, defaults included; bad flags raise SGLang's own message."""
-    from tools.engines.catalog import load_catalog
-
-    return load_catalog("sglang", version).parse(config.argv(), require_model=False)
-
-
-def _given(args: dict[str, Any], config: m.ServerConfig, version: str) -> list[str]:
+def _parse(config: m.ServerConfig, version: str) -> tuple[dict[str, Any], list[str], list[str], list[str]]:
+    """SGLang's parse of `config`: dest -> value (defaults included), the dests the user set, those of them
+    this version reads nowhere (the catalog's no-op flags), and SGLang's deprecation warnings.
+    Bad flags raise CatalogError with SGLang's own message."""
     from tools.engines.catalog import load_catalog
 
     catalog = load_catalog("sglang", version)
-    dests = []
+    parsed = catalog.parse_args(config.argv(), require_model=False)
+    given, no_effect = [], []
     for flag in config.flags:
         spec = catalog.resolve(flag.name)
-        if not isinstance(spec, str):
-            dests.append(spec.dest)
-    return list(dict.fromkeys(dests))
+        if isinstance(spec, str):
+            continue
+        given.append(spec.dest)
+        if catalog.noop_note(spec) is not None:
+            no_effect.append(spec.dest)
+    return parsed.values, list(dict.fromkeys(given)), list(dict.fromkeys(no_effect)), parsed.warnings
 
 
 @dataclass
@@ -83,6 +82,7 @@ class Twin:
     not_modelled: list[str] = field(default_factory=list)
     no_effect: list[str] = field(default_factory=list)
     load_faults: list[Fault] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # SGLang's deprecation warnings for these flags
 
     @classmethod
     def build(
@@ -94,8 +94,10 @@ class Twin:
         version: str = "0.5.23",
     ) -> Twin:
         """Resolve flags and memory like SGLang; raise TwinStartupError where SGLang would not start."""
-        args = parse_flags(config, version)
-        return cls.from_args(model_profile, hardware, gpus, config, args, _given(args, config, version))
+        args, given, no_effect, warnings = _parse(config, version)
+        twin = cls.from_args(model_profile, hardware, gpus, config, args, given, no_effect)
+        twin.warnings = warnings
+        return twin
 
     @classmethod
     def from_args(
@@ -106,9 +108,13 @@ class Twin:
         config: m.ServerConfig,
         args: dict[str, Any],
         given: list[str],
+        no_effect: Sequence[str] = (),
     ) -> Twin:
-        """The twin for already-parsed flags (`given`: the dests the user set); profiles by name or as objects."""
+        """The twin for already-parsed flags (`given`: the dests the user set; `no_effect`: those of them the
+        engine reads nowhere); profiles by name or as objects. Without --model-path, the profile's is used."""
         model = load_model(model_profile) if isinstance(model_profile, str) else model_profile
+        if not args.get("model_path"):
+            args = {**args, "model_path": model.model_path}
         hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
         tp, pp = int(args.get("tp_size") or 1), int(args.get("pp_size") or 1)
         ep, dp = int(args.get("ep_size") or 1), int(args.get("dp_size") or 1)
@@ -216,8 +222,8 @@ class Twin:
             cost=cost,
             limits=limits,
             resolved=resolved,
-            not_modelled=[d for d in given if d not in MODELLED and d not in NO_EFFECT],
-            no_effect=[d for d in given if d in NO_EFFECT],
+            not_modelled=[d for d in given if d not in MODELLED and d not in no_effect],
+            no_effect=list(no_effect),
             load_faults=load_faults,
         )
 
@@ -281,10 +287,11 @@ class Twin:
             gpus=[m.GpuTelemetry(gpu=i, **gpu) for i in range(self.par.gpus)],
         )
 
-    def predict(self, spec: m.BenchSpec, *, noise: float = 0.0) -> list[tuple[m.BenchLevel, LevelSimulation]]:
-        """Every level of `spec`; after a fault under load the server is down and later levels all fail."""
+    def predict(
+        self, spec: m.BenchSpec, *, noise: float = 0.0, down: bool = False
+    ) -> list[tuple[m.BenchLevel, LevelSimulation]]:
+        """Every level of `spec`; once the server is down (a fault under load, or `down`) later levels all fail."""
         out = []
-        down = False
         for concurrency in spec.concurrency:
             if down:
                 n = spec.prompts_for(concurrency)
@@ -302,11 +309,21 @@ class Twin:
             down = sim.fault is not None
         return out
 
+    def startup_line(self) -> str:
+        """The line SGLang's scheduler logs once its memory pools are sized."""
+        r = self.resolved
+        available = self.hw.memory_gib * (1 - r["mem_fraction_static"])
+        return (
+            f"max_total_num_tokens={r['max_total_num_tokens']}, chunked_prefill_size={r['chunked_prefill_size']}, "
+            f"max_prefill_tokens={r['max_prefill_tokens']}, max_running_requests={r['max_running_requests']}, "
+            f"context_len={self.model.context_length}, available_gpu_mem={available:.2f} GB"
+        )
+
     def server_info(self) -> dict[str, Any]:
         """What `GET /server_info` reports: the resolved args, what is not modelled, and the model path."""
         return {
             "engine": "pivot-sim (digital twin of SGLang 0.5.23)",
-            "model_path": self.args.get("model_path") or self.model.model_path,
+            "model_path": self.args["model_path"],
             "hardware": self.hw.name,
             "gpus": self.gpus,
             "resolved": self.resolved,
