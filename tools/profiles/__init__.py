@@ -129,6 +129,7 @@ class ModelProfile(_Profile):
     attention_flops_per_ctx_token: float = Field(ge=0)
     kv_replicated_across_tp: bool
     default_kv_dtype: str
+    default_page_size: int = Field(default=1, ge=1, description="KV page size SGLang picks when --page-size is unset.")
     kv_bytes_per_token: dict[str, float]
     parts: list[ParamPart]
 

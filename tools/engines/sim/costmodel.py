@@ -22,16 +22,22 @@ MoE layers, E routed experts, k experts per token, tp/pp/ep the parallel sizes. 
                                 (MSCCL++ halves lat for payloads under 1 MiB)
   EP all-to-all                 dispatch + combine per MoE layer, B * k * hidden bytes each way, (ep-1)/ep of it
                                 over the link; single-batch overlap hides half of it behind the expert GEMMs
-  PP                            the pp stages of one step run one after another, each behind its own
-                                scheduler: step = pp * max(t_host, t_stage)
   where BW = memory_bandwidth * [bandwidth_efficiency].
 
-  GPU time of a stage           t_stage = t_exp + t_dense + t_kv + t_ar + t_a2a
-  host time of a step           t_host = [host_ms_per_step] + [host_us_per_request] * B
-  decode step                   t = pp * max(t_host, t_stage) with the overlap scheduler (the default), else
-                                pp * (t_host + t_stage);
-                                + [eager_ms_per_step] when B exceeds the decode CUDA graph's largest batch
-                                (or graphs are off), since those steps launch every kernel from the host
+  GPU time of a stage           t_stage(b) = t_exp + t_dense + t_kv + t_ar + t_a2a     (for b rows)
+  host time of a step           t_host(b) = [host_ms_per_step] + [host_us_per_request] * b
+  one stage's turn              u(b) = max(t_host, t_stage) with the overlap scheduler (the default), else
+                                t_host + t_stage; + [eager_ms_per_step] / pp when b exceeds the decode CUDA
+                                graph's largest batch (or graphs are off): those steps launch every kernel
+                                from the host
+  decode step (TP, pp = 1)      t = u(B)
+  PP (SGLang's event_loop_pp)   the running requests are split into n_mb = min(ceil(B / mb), pp) micro-batches
+                                of b = ceil(B / n_mb), mb = --pp-max-micro-batch-size (default max running
+                                requests // pp); each stage's scheduler takes the micro-batches in turn and
+                                each micro-batch passes through the pp stages in order, so every micro-batch
+                                advances one token per round of t = pp * u(b); SGLang turns the overlap
+                                scheduler off under PP, so host and GPU time add. Each GPU is busy
+                                n_mb * t_stage(b) of the round.
   prefill step (T tokens)       the same terms with T rows, all experts hit, attention over the prompt,
                                 + [prefill_us_per_token] * T of per-token work outside the GEMM roofline
                                 (prefill attention and the DSA indexer, KV-page allocation), counted as attention
@@ -62,6 +68,7 @@ class Parallel:
     overlap_schedule: bool = True
     mscclpp: bool = False
     single_batch_overlap: bool = False
+    pp_micro_batch: int = 0  # SGLang's pp_max_micro_batch_size; 0: no cap
 
     @property
     def gpus(self) -> int:
@@ -185,36 +192,36 @@ class CostModel:
         out["busy"] = busy
         return out
 
-    def _combine(self, stage: dict[str, float], host_s: float, eager_s: float) -> StepCost:
+    def _combine(self, stage: dict[str, float], host_s: float, eager_s: float, micro_batches: int = 1) -> StepCost:
+        """A round: `micro_batches` micro-batches each pass through the pp stages (pp = 1: one plain step)."""
         pp = self.par.pp
         stage_gpu = stage.get("expert_gemm", 0.0) + stage["dense_gemm"] + stage["attention"] + stage["communication"]
-        gpu = pp * stage_gpu
-        # each pipeline stage runs its own scheduler; a step passes through the stages one after another
-        per_stage = max(host_s, stage_gpu) if self.par.overlap_schedule else host_s + stage_gpu
-        total = pp * per_stage + eager_s
-        hidden_host = max(0.0, total - gpu - eager_s)  # host time the GPU waited for
+        turn = max(host_s, stage_gpu) if self.par.overlap_schedule else host_s + stage_gpu
+        total = pp * turn + eager_s
+        gpu = micro_batches * stage_gpu  # what one GPU computes in the round
         return StepCost(
             total_s=total,
-            expert_gemm_s=pp * stage.get("expert_gemm", 0.0),
-            dense_gemm_s=pp * stage["dense_gemm"],
-            attention_s=pp * stage["attention"],
-            communication_s=pp * stage["communication"],
-            host_s=hidden_host,
+            expert_gemm_s=micro_batches * stage.get("expert_gemm", 0.0),
+            dense_gemm_s=micro_batches * stage["dense_gemm"],
+            attention_s=micro_batches * stage["attention"],
+            communication_s=micro_batches * stage["communication"],
+            host_s=max(0.0, total - gpu - eager_s),  # time the GPU waited for the host (and for other stages)
             eager_s=eager_s,
-            busy_s=pp * stage["busy"],
+            busy_s=micro_batches * stage["busy"],
         )
 
     def decode(self, batch: int, ctx_tokens: float) -> StepCost:
-        """One decode step for `batch` running requests holding `ctx_tokens` of context in all."""
-        attn_flops = ctx_tokens * self.model.attention_flops_per_ctx_token
-        stage = self._stage(batch, ctx_tokens, attn_flops)
-        host = self.cal.host_ms_per_step * 1e-3 + self.cal.host_us_per_request * 1e-6 * batch
-        eager = (
-            self.cal.eager_ms_per_step * 1e-3
-            if (not self.par.cuda_graph or batch > self.par.cuda_graph_max_bs)
-            else 0.0
-        )
-        return self._combine(stage, host, eager)
+        """One decode step (under PP, one round of micro-batches) for `batch` requests holding `ctx_tokens`."""
+        par = self.par
+        micro = 1
+        if par.pp > 1 and par.pp_micro_batch > 0:
+            micro = min(-(-batch // par.pp_micro_batch), par.pp)
+        rows = -(-batch // micro)
+        attn_flops = ctx_tokens / micro * self.model.attention_flops_per_ctx_token
+        stage = self._stage(rows, ctx_tokens / micro, attn_flops)
+        host = self.cal.host_ms_per_step * 1e-3 + self.cal.host_us_per_request * 1e-6 * rows
+        eager = self.cal.eager_ms_per_step * 1e-3 if (not par.cuda_graph or rows > par.cuda_graph_max_bs) else 0.0
+        return self._combine(stage, host, eager, micro)
 
     def prefill(self, tokens: int, attn_pairs: float, requests: int) -> StepCost:
         """One prefill step over `tokens` prompt tokens; attn_pairs = sum of (token, earlier token) pairs."""

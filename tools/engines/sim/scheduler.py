@@ -3,10 +3,22 @@
 One benchmark level is simulated request by request: the client keeps `max_concurrency` requests in
 flight (arrivals are immediate, or Poisson at a finite request rate); the server admits waiting
 requests into a prefill batch (up to the chunked-prefill size, the max-prefill-tokens budget, the
-running-request cap and the KV pool, reserving `new_token_ratio` of each running request's remaining
-output), and otherwise runs one decode step for every running request. The prefill step yields a
-request's first token; each decode step yields one more. When the KV pool cannot hold the next
-decode step, the request with the most output left is retracted and re-queued, as SGLang does.
+running-request cap and the KV pool), and otherwise runs one decode step for every running request.
+The prefill step yields a request's first token; each decode step yields one more. When the KV pool
+cannot hold the next decode step, the request with the most output left is retracted and re-queued,
+as SGLang does.
+
+KV admission, as SGLang 0.5.23's PrefillAdder does it (managers/schedule_policy.py): a candidate
+needs its prompt rounded up to whole pages, its whole remaining output and one page of allocation
+slack; every running request holds back its remaining output times `new_token_ratio` (0.7, decaying to
+0.7 * 0.14 over 600 decode steps, reset on retraction and when the server goes idle). SGLang 0.5.23
+itself uses a ratio of 1.0 for requests sent with `ignore_eos` ("fixed-length requests cannot benefit
+from the early-EOS estimate"), which bench_serving sends; the seeds' table was measured on an earlier
+build and cannot be reproduced with that rule (2048 requests never run at once in a 419k-token pool, so
+the measured peak of 7,216 tok/s is out of reach), so the twin keeps the ratio for them unless
+`SchedulerLimits.full_reservation_for_ignore_eos` is set. The pool is allocated in pages of `page_size` tokens (64 for DSA
+models such as GLM-5 on CUDA), so a request holds ceil(tokens / page_size) pages and the usage SGLang
+reports counts whole pages.
 Every token's time comes from the cost model, and the per-request timelines go through the same
 metrics code as a real benchmark (tools/metrics.py).
 """
@@ -37,6 +49,10 @@ class SchedulerLimits:
     chunked_prefill_size: int  # -1: no chunking (one prefill batch is capped by max_prefill_tokens only)
     max_prefill_tokens: int
     schedule_conservativeness: float = 1.0
+    page_size: int = 1
+    # SGLang 0.5.23 reserves the whole remaining output of ignore_eos requests; the seeds' measurements (an
+    # earlier build) follow the decaying new_token_ratio for them too, which is the twin's default: see below.
+    full_reservation_for_ignore_eos: bool = False
 
 
 @dataclass
@@ -49,6 +65,7 @@ class Req:
     generated: int = 0
     prefilled: int = 0  # prompt tokens already prefilled (chunked prefill)
     join_index: int = 0  # decode steps done when it (re)joined the running batch
+    residue: int = 0  # (tokens at join - join_index) mod page_size: which decode steps open a new page for it
     segments: list[tuple[int, int]] = field(default_factory=list)  # decode-step index ranges it took part in
     prefill_token_steps: list[int] = field(default_factory=list)  # prefill steps (by number) that gave it a token
 
@@ -79,15 +96,23 @@ class EngineCore:
     """SGLang-like continuous batching over a cost model, one step at a time (time is the caller's).
 
     Prefill has priority: waiting requests are admitted while the running-request cap, the prefill
-    token budget (chunked-prefill size and max-prefill-tokens) and the KV pool allow, reserving
-    `new_token_ratio` of the output every running request still owes (SGLang's 0.7, decaying to 0.7 *
-    0.14 over 600 decode steps, reset on retraction). Otherwise every running request decodes one token.
-    When the pool cannot hold the next decode step, the request with the most output left is retracted.
+    token budget (chunked-prefill size and max-prefill-tokens) and the KV pool allow (see the module
+    docstring for the reservation). Otherwise every running request decodes one token. When the pool
+    cannot hold the next decode step, the request with the most output left is retracted.
+
+    KV is counted in pages: `pages` is what running requests hold; a running request's tokens grow by
+    one per decode step, so it opens a new page on the steps where its token count is a multiple of the
+    page size, which depends only on its residue class; `page_counts[c]` counts running requests of
+    class c, so the pages the next step needs are known without visiting every request.
     """
 
     def __init__(self, cost: CostModel, limits: SchedulerLimits, *, noise: float = 0.0, seed: int = 0,
-                 fault: Fault | None = None) -> None:  # fmt: skip
+                 fault: Fault | None = None, ignore_eos: bool = True) -> None:  # fmt: skip
         self.cost, self.limits, self.fault, self.noise = cost, limits, fault, noise
+        self.ignore_eos = ignore_eos
+        self.page = max(int(limits.page_size), 1)
+        self.pages = 0
+        self.page_counts = [0] * self.page
         self.rng = np.random.default_rng(seed)
         self.run_factor = float(np.clip(1.0 + noise * self.rng.standard_normal(), 0.5, 1.5)) if noise > 0 else 1.0
         self.waiting: deque[Req] = deque()
@@ -122,11 +147,22 @@ class EngineCore:
         """KV tokens of running requests: prompt + generated, where generated grows by one per decode step."""
         return self.sum_ctx + len(self.running) * self.decode_index - self.sum_join
 
+    def used_slots(self) -> int:
+        """KV slots running requests hold: whole pages."""
+        return self.pages * self.page
+
+    def pages_next_decode(self) -> int:
+        """New pages the next decode step allocates: running requests whose token count is a page multiple."""
+        return self.page_counts[-self.decode_index % self.page]
+
     def running_rids(self) -> list[int]:
         return [rid for _, rid in self.running]
 
     def token_usage(self) -> float:
-        return self.running_ctx() / self.limits.kv_capacity_tokens
+        return self.used_slots() / self.limits.kv_capacity_tokens
+
+    def _ceil_pages(self, tokens: int) -> int:
+        return -(-tokens // self.page)
 
     def _scaled(self, cost: StepCost) -> float:
         jitter = 1.0 + 0.5 * self.noise * float(self.rng.standard_normal()) if self.noise > 0 else 1.0
@@ -138,6 +174,9 @@ class EngineCore:
 
     def _join(self, r: Req) -> None:
         r.join_index = self.decode_index
+        r.residue = (r.prompt_now - self.decode_index) % self.page
+        self.page_counts[r.residue] += 1
+        self.pages += self._ceil_pages(r.prompt_now)
         heapq.heappush(self.running, (self.decode_index + (r.output_len - r.generated), r.rid))
         self.live[r.rid] = r
         self.sum_ctx += r.prompt_now
@@ -145,6 +184,8 @@ class EngineCore:
         self.sum_rem_join += r.output_len - r.generated
 
     def _leave(self, r: Req) -> None:
+        self.page_counts[r.residue] -= 1
+        self.pages -= self._ceil_pages(r.prompt_now + self.decode_index - r.join_index)
         del self.live[r.rid]
         self.sum_ctx -= r.prompt_now
         self.sum_join -= r.join_index
@@ -165,21 +206,22 @@ class EngineCore:
         if limits.chunked_prefill_size > 0:
             budget = min(budget, limits.chunked_prefill_size)
         owed = self.sum_rem_join - (len(self.running) * self.decode_index - self.sum_join)
-        free = limits.kv_capacity_tokens - self.running_ctx() - self.ratio * owed
+        ratio = 1.0 if (self.ignore_eos and self.limits.full_reservation_for_ignore_eos) else self.ratio
+        free = limits.kv_capacity_tokens - self.used_slots() - ratio * owed
         batch: list[Req] = []
         tokens = 0
         while self.waiting and len(self.running) + len(batch) < limits.max_running_requests and tokens < budget:
             r = self.waiting[0]
             left = r.prompt_now - r.prefilled
-            need = left + self.ratio * (r.output_len - r.generated)
-            if need > free and (self.running or batch):
+            need = self._ceil_pages(left) * self.page + (r.output_len - r.generated) + self.page
+            if need >= free and (self.running or batch):
                 break
             take = min(left, budget - tokens)
             if take < left and limits.chunked_prefill_size <= 0:
                 break
             r.prefilled += take
             tokens += take
-            free -= take + self.ratio * (r.output_len - r.generated)
+            free -= self._ceil_pages(take) * self.page + ratio * (r.output_len - r.generated)
             batch.append(r)
             if r.prefilled < r.prompt_now:
                 break  # chunked: this request goes on in the next prefill step
@@ -205,7 +247,7 @@ class EngineCore:
 
     def _decode(self) -> Step | None:
         retracted = []
-        while self.running and self.running_ctx() + len(self.running) > self.limits.kv_capacity_tokens:
+        while self.running and (self.pages + self.pages_next_decode()) * self.page > self.limits.kv_capacity_tokens:
             if len(self.running) == 1:
                 break
             victim = max(
@@ -225,7 +267,8 @@ class EngineCore:
             return None
         batch = len(self.running)
         ctx = self.running_ctx()
-        usage = (ctx + batch) / self.limits.kv_capacity_tokens
+        opened = self.pages_next_decode()
+        usage = (self.pages + opened) * self.page / self.limits.kv_capacity_tokens
         self.max_usage = max(self.max_usage, usage)
         if self.fault is not None and batch >= int(self.fault.when.get("min_running_requests", 0)):
             self.dead = True
@@ -233,6 +276,7 @@ class EngineCore:
         cost = self.cost.decode(batch, ctx)
         step = Step("decode", self._scaled(cost), cost, batch, retracted=retracted, token_usage=usage,
                     queue=len(self.waiting))  # fmt: skip
+        self.pages += opened
         self.decode_index += 1
         self.ratio = max(self.min_ratio, self.ratio - self.decay)
         while self.running and self.running[0][0] <= self.decode_index:
@@ -271,11 +315,12 @@ def simulate_level(
     seed: int = 0,
     noise: float = 0.0,
     fault: Fault | None = None,
+    ignore_eos: bool = True,
 ) -> LevelSimulation:
     """Simulate one benchmark level in virtual time: the client keeps `max_concurrency` requests in flight,
     each sent when it is due (`arrivals_s`, all at once by default) and a slot is free."""
     n = len(input_lens)
-    core = EngineCore(cost, limits, noise=noise, seed=seed, fault=fault)
+    core = EngineCore(cost, limits, noise=noise, seed=seed, fault=fault, ignore_eos=ignore_eos)
     arrivals = np.zeros(n) if arrivals_s is None else np.asarray(arrivals_s, dtype=np.float64)
     reqs = [Req(i, int(input_lens[i]), int(output_lens[i])) for i in range(n)]
     send = np.zeros(n)

@@ -154,7 +154,7 @@ class TwinCollector:
         core = s.core
         yield gauge("sglang:num_running_reqs", "The number of running requests.", len(core.running))
         yield gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", len(core.waiting))
-        yield gauge("sglang:num_used_tokens", "The number of used tokens.", core.running_ctx())
+        yield gauge("sglang:num_used_tokens", "The number of used tokens.", core.used_slots())
         yield gauge("sglang:token_usage", "The token usage.", core.token_usage())
         yield gauge("sglang:gen_throughput", "The generation throughput (token/s).", s.last_gen_throughput)
         yield gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", 0.0)
@@ -419,7 +419,7 @@ class TwinServer:
             return
         graph = self.twin.par.cuda_graph and step.batch_size <= self.twin.par.cuda_graph_max_bs
         sched_log.info(
-            f"Decode batch, #running-req: {step.batch_size}, #token: {core.running_ctx()}, "
+            f"Decode batch, #running-req: {step.batch_size}, #token: {core.used_slots()}, "
             f"token usage: {step.token_usage:.2f}, cuda graph: {graph}, "
             f"gen throughput (token/s): {self.last_gen_throughput:.2f}, #queue-req: {len(core.waiting)}"
         )

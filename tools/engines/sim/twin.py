@@ -34,7 +34,7 @@ MODELLED = frozenset(
         "cuda_graph_backend_decode", "kv_cache_dtype", "disable_overlap_schedule", "enable_mscclpp",
         "enable_single_batch_overlap", "enable_two_batch_overlap", "moe_a2a_backend", "schedule_conservativeness",
         "host", "port", "enable_metrics", "served_model_name", "trust_remote_code", "load_format",
-        "skip_tokenizer_init", "log_level",
+        "skip_tokenizer_init", "log_level", "page_size", "pp_max_micro_batch_size",
     }
 )  # fmt: skip
 
@@ -96,7 +96,7 @@ class Twin:
         """Resolve flags and memory like SGLang; raise TwinStartupError where SGLang would not start."""
         args, given, no_effect, warnings = _parse(config, version)
         twin = cls.from_args(model_profile, hardware, gpus, config, args, given, no_effect)
-        twin.warnings = warnings
+        twin.warnings = [*warnings, *twin.warnings]
         return twin
 
     @classmethod
@@ -141,6 +141,11 @@ class Twin:
                 "or data-parallel attention to be enabled.",
                 classify="argument-validation",
             )
+        warnings: list[str] = []
+        overlap = not args.get("disable_overlap_schedule")
+        if pp > 1 and overlap:  # SGLang's post-process hook (arg_groups/overrides.py) turns it off
+            overlap = False
+            warnings.append("Pipeline parallelism is incompatible with overlap schedule.")
         graph_backend = str(args.get("cuda_graph_backend_decode") or "full")
         cuda_graph = not (
             args.get("disable_cuda_graph") or args.get("disable_decode_cuda_graph") or graph_backend == "disabled"
@@ -155,7 +160,7 @@ class Twin:
             kv_dtype=str(args.get("kv_cache_dtype") or "auto"),
             cuda_graph_max_bs=int(graph_bs),
             cuda_graph=cuda_graph,
-            overlap_schedule=not args.get("disable_overlap_schedule"),
+            overlap_schedule=overlap,
             mscclpp=bool(args.get("enable_mscclpp")),
             single_batch_overlap=bool(args.get("enable_single_batch_overlap")) and (ep > 1 or a2a_backend != "none"),
         )
@@ -178,7 +183,9 @@ class Twin:
             auto = min(max(kv_tokens / model.context_length * 512, 2048), 4096)
             max_running = int(min(auto, kv_tokens // 2))
         max_running = int(max_running)
-        par = replace(par, cuda_graph_max_bs=min(par.cuda_graph_max_bs, max_running))
+        # SGLang's default pp_max_micro_batch_size: max running requests split over the pipeline stages
+        micro = int(args.get("pp_max_micro_batch_size") or max(max_running // pp, 1))
+        par = replace(par, cuda_graph_max_bs=min(par.cuda_graph_max_bs, max_running), pp_micro_batch=micro)
         cost = CostModel(model, hw, par)
         chunk = args.get("chunked_prefill_size")
         if chunk is None:
@@ -189,6 +196,7 @@ class Twin:
             chunked_prefill_size=int(chunk),
             max_prefill_tokens=int(args.get("max_prefill_tokens") or 16384),
             schedule_conservativeness=float(args.get("schedule_conservativeness") or 1.0),
+            page_size=int(args.get("page_size") or model.default_page_size),
         )
         load_faults = [
             f
@@ -208,6 +216,8 @@ class Twin:
             "max_prefill_tokens": limits.max_prefill_tokens,
             "cuda_graph_max_bs_decode": par.cuda_graph_max_bs,
             "cuda_graph_decode": cuda_graph,
+            "page_size": limits.page_size,
+            "disable_overlap_schedule": not overlap,
             "kv_cache_dtype": model.default_kv_dtype if par.kv_dtype == "auto" else par.kv_dtype,
             "weights_gib_per_gpu": round(weights_gib, 2),
             "kv_pool_gib_per_gpu": round(max(pool_gib, 0), 2),
@@ -225,6 +235,7 @@ class Twin:
             not_modelled=[d for d in given if d not in MODELLED and d not in no_effect],
             no_effect=list(no_effect),
             load_faults=load_faults,
+            warnings=warnings,
         )
 
     def workload(self, spec: m.BenchSpec, concurrency: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -247,6 +258,7 @@ class Twin:
             seed=(spec.seed if seed is None else seed) * 1_000_003 + concurrency,
             noise=noise,
             fault=fault,
+            ignore_eos=spec.ignore_eos,
         )
 
     def level(self, spec: m.BenchSpec, sim: LevelSimulation, concurrency: int) -> m.BenchLevel:
