@@ -318,6 +318,22 @@ from agent.cli_bench import bench  # noqa: E402
 
 cli.add_command(bench)
 
+from agent.cli_engines import launch_bench, serve, servers  # noqa: E402
+
+for command in (serve, launch_bench, servers):
+    cli.add_command(command)
+
+from agent.cli_engine_tools import audit_flags_cmd, power, profile  # noqa: E402
+
+cli.add_command(audit_flags_cmd)
+cli.add_command(power)
+cli.add_command(profile)
+
+from agent.cli_reports import analyze, docs, import_cmd, summary  # noqa: E402
+
+for command in (summary, docs, analyze, import_cmd):
+    cli.add_command(command)
+
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""

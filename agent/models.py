@@ -408,6 +408,50 @@ class Telemetry(_Model):
     gpus: list[GpuTelemetry] = []
     server_metrics: dict[str, float] = Field(default_factory=dict, description="From the server's /metrics.")
     error: str | None = Field(default=None, description="Why readings are missing, e.g. no NVML on this host.")
+    output_tokens: int | None = Field(default=None, description="Tokens generated during the level, if known.")
+    output_tokens_per_j: float | None = Field(
+        default=None, description="output_tokens per joule of all GPUs' energy counters over the level."
+    )
+
+    @property
+    def energy_j(self) -> float | None:
+        """Joules of all GPUs together over the level; None unless every GPU has its energy."""
+        if not self.gpus or any(g.energy_j is None for g in self.gpus):
+            return None
+        return sum(g.energy_j or 0.0 for g in self.gpus)
+
+
+class ProfileCategory(_Model):
+    """GPU time of one kind of kernel in a profile window."""
+
+    seconds: float = Field(ge=0, description="Kernel time per GPU (mean over the traced ranks), or the twin's.")
+    share: float = Field(ge=0, le=1, description="Of the window's total kernel time.")
+    kernels: int | None = Field(default=None, description="Kernel launches counted (traces only).")
+
+
+class ProfileKernel(_Model):
+    """One kernel name's total time in a trace, with the category its name fell into."""
+
+    name: str
+    category: str
+    seconds: float
+    count: int
+
+
+class ProfileSummary(_Model):
+    """Where GPU time went during a profile window: expert GEMMs, other GEMMs, attention, communication, other."""
+
+    source: Literal["measured", "simulated"]
+    categories: dict[str, ProfileCategory] = Field(default_factory=dict)
+    total_s: float = Field(default=0.0, description="Sum of the categories' seconds.")
+    window_s: float | None = Field(default=None, description="From the first kernel's start to the last one's end.")
+    busy_s: float | None = Field(default=None, description="Time at least one kernel ran (per GPU, mean).")
+    ranks: int = Field(default=1, description="GPUs traced (a device in a trace file; SGLang writes one per rank).")
+    trace_files: list[str] = Field(default_factory=list)
+    top_kernels: list[ProfileKernel] = Field(default_factory=list)
+    max_concurrency: int | None = Field(default=None, description="The load's concurrency while profiling.")
+    output_throughput: float | None = Field(default=None, description="The load's output tok/s, if one was run.")
+    notes: list[str] = Field(default_factory=list)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -634,6 +678,9 @@ class ServerProcess(_Model):
     engine: str
     pid: int
     pgid: int
+    proc_start: str | None = Field(
+        default=None, description="The kernel's start time of `pid`, so a reused pid is never taken for the server."
+    )
     host: str
     base_url: str
     argv: list[str]
@@ -689,6 +736,72 @@ class Event(_Model):
     message: str
     data: dict[str, Any] = Field(default_factory=dict)
     at: datetime = Field(default_factory=utcnow)
+
+
+# --------------------------------------------------------------------------------------------------
+# Analysis findings and GEMM micro-benchmarks: ledger rows the reports render (tools/analysis.py writes them).
+
+BottleneckCategory = Literal[
+    "small_batch_expert_gemm",
+    "kv_capacity",
+    "memory_bandwidth",
+    "compute",
+    "communication",
+    "host_overhead",
+    "prefill_interference",
+]
+BOTTLENECK_TITLES: dict[str, str] = {
+    "small_batch_expert_gemm": "small-batch expert GEMMs",
+    "kv_capacity": "KV cache capacity",
+    "memory_bandwidth": "memory bandwidth",
+    "compute": "compute",
+    "communication": "communication",
+    "host_overhead": "host overhead",
+    "prefill_interference": "prefill interference",
+}
+# level: one concurrency level's roofline numbers; scaling: where throughput stops growing; evidence: one
+# measurement and what it implies; bottleneck: the verdict; claim: a physics or direction check of a plan item;
+# note: why a part of the analysis does not apply (a dense model has no experts).
+FindingKind = Literal["level", "scaling", "evidence", "bottleneck", "claim", "note"]
+
+
+class Finding(_Model):
+    """One thing the analysis found: a sentence (a measurement and what it implies) and the numbers it rests on."""
+
+    id: int | None = None
+    session_id: str | None = None
+    experiment_id: int | None = Field(default=None, description="The experiment measured; None for plan checks.")
+    kind: FindingKind
+    category: BottleneckCategory | None = Field(default=None, description="The bottleneck this supports, if any.")
+    plan_item: str | None = None
+    max_concurrency: int | None = None
+    text: str = Field(min_length=1)
+    values: dict[str, float] = Field(
+        default_factory=dict, description="Every number in `text`, by name, with its unit in the name."
+    )
+    formula: str | None = Field(default=None, description="How derived numbers were computed, in words.")
+    severity: Literal["info", "warning", "error"] = "info"
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class MicrobenchResult(_Model):
+    """One GEMM micro-benchmark: a shape and dtype on a device, and the throughput it reached."""
+
+    id: int | None = None
+    session_id: str | None = Field(default=None, description="The session that asked for it, if any.")
+    device: str = Field(description="The hardware profile name (or the GPU's name) it ran on.")
+    dtype: str = Field(description="Weight dtype, as in the profiles: nvfp4, fp8, bf16.")
+    m: int = Field(ge=1, description="Rows (tokens) of one GEMM.")
+    n: int = Field(ge=1)
+    k: int = Field(ge=1)
+    groups: int = Field(default=1, ge=1, description="GEMMs in one grouped call (experts), 1 for a plain GEMM.")
+    rows_per_expert: float | None = None
+    tflops: float = Field(ge=0)
+    share_of_peak: float = Field(ge=0, description="tflops / the dense peak of the dtype.")
+    share_of_roofline: float = Field(ge=0, description="tflops / min(peak, arithmetic intensity x bandwidth).")
+    backend: str | None = Field(default=None, description="The kernel library or backend measured.")
+    source: Literal["measured", "simulated"] = "measured"
+    measured_at: datetime = Field(default_factory=utcnow)
 
 
 def parse_levels(text: str | Iterable[int]) -> list[int]:

@@ -17,6 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 from agent import models as m
 from agent import plugins
 from agent.errors import PivotError
+from agent.servers import reap_leftovers
 from agent.store import Store, new_session_id
 
 EventSink = Callable[[m.Event], None]
@@ -209,13 +210,17 @@ class Session:
         engine: Engine | None = None,
         events: EventSink = _discard,
     ) -> Session:
-        """Open a recorded session by id, id prefix or name, and lock it for this process."""
+        """Open a recorded session by id, id prefix or name, and lock it for this process.
+
+        Servers a killed pivot left running for this session are stopped here (the lock says no live pivot
+        owns them); each gets a notice.
+        """
         record = store.get_session(ref)
         notice = store.acquire_session(record.id)
         session = cls(store=store, record=record, paths=paths, engine=engine, events=events)
-        if notice:
-            session.notices.append(notice)
-            session.emit("warning", notice)
+        for text in ([notice] if notice else []) + reap_leftovers(store, record.id):
+            session.notices.append(text)
+            session.emit("warning", text)
         return session
 
     def close(self) -> None:

@@ -247,9 +247,82 @@ def _m002_server_processes(db: Database) -> None:
     db["servers"].create_index(["session_id", "status"])
 
 
+def _m003_server_identity(db: Database) -> None:
+    # The kernel's start time of the server's pid, so a pid reused by another process is never signalled.
+    db["servers"].add_column("proc_start", str)
+
+
+def _m004_analysis(db: Database) -> None:
+    # What tools/analysis.py finds (one sentence and its numbers per row), and GEMM micro-benchmark results.
+    db["findings"].create(
+        {
+            "id": int,
+            "session_id": str,
+            "experiment_id": int,
+            "kind": str,
+            "category": str,
+            "plan_item": str,
+            "max_concurrency": int,
+            "text": str,
+            "values_json": str,
+            "formula": str,
+            "severity": str,
+            "created_at": str,
+        },
+        pk="id",
+        foreign_keys=[("session_id", "sessions", "id"), ("experiment_id", "experiments", "id")],
+        not_null={"session_id", "kind", "text", "values_json", "severity", "created_at"},
+    )
+    db["findings"].create_index(["session_id", "experiment_id"])
+    db["microbench_results"].create(
+        {
+            "id": int,
+            "session_id": str,
+            "device": str,
+            "dtype": str,
+            "m": int,
+            "n": int,
+            "k": int,
+            "groups": int,
+            "rows_per_expert": float,
+            "tflops": float,
+            "share_of_peak": float,
+            "share_of_roofline": float,
+            "backend": str,
+            "source": str,
+            "measured_at": str,
+        },
+        pk="id",
+        foreign_keys=[("session_id", "sessions", "id")],
+        not_null={
+            "device",
+            "dtype",
+            "m",
+            "n",
+            "k",
+            "groups",
+            "tflops",
+            "share_of_peak",
+            "share_of_roofline",
+            "source",
+            "measured_at",
+        },
+    )
+    db["microbench_results"].create_index(["device", "dtype"])
+
+
+def _m005_telemetry_tokens(db: Database) -> None:
+    """Output tokens of a level and tokens per joule, so energy efficiency survives a resume."""
+    db["telemetry"].add_column("output_tokens", int)
+    db["telemetry"].add_column("output_tokens_per_j", float)
+
+
 MIGRATIONS: list[Migration] = [
     ("001_initial", _m001_initial),
     ("002_server_processes", _m002_server_processes),
+    ("003_server_identity", _m003_server_identity),
+    ("004_analysis", _m004_analysis),
+    ("005_telemetry_tokens", _m005_telemetry_tokens),
 ]
 
 
@@ -783,6 +856,8 @@ class Store:
                     "finished_at": _ts(telemetry.finished_at),
                     "error": telemetry.error,
                     "server_metrics_json": json.dumps(telemetry.server_metrics),
+                    "output_tokens": telemetry.output_tokens,
+                    "output_tokens_per_j": telemetry.output_tokens_per_j,
                 }
             )
             tid = table.last_pk
@@ -817,6 +892,8 @@ class Store:
                         error=row["error"],
                         server_metrics=json.loads(row["server_metrics_json"] or "{}"),
                         gpus=[m.GpuTelemetry.model_validate_json(g["gpu_json"]) for g in gpus],
+                        output_tokens=row.get("output_tokens"),
+                        output_tokens_per_j=row.get("output_tokens_per_j"),
                     )
                 )
             return out
@@ -870,6 +947,100 @@ class Store:
                 )
                 for r in rows
             ]
+
+    # ---- analysis findings and micro-benchmarks
+
+    def replace_findings(
+        self, session_id: str, experiment_id: int | None, findings: Sequence[m.Finding]
+    ) -> list[m.Finding]:
+        """Make `findings` the analysis of one experiment (or, with None, the plan-level checks), in one transaction.
+
+        Re-running an analysis replaces what it found before, so the ledger holds one current analysis each.
+        """
+        with self._write() as db:
+            if experiment_id is None:
+                db.execute("delete from findings where session_id = ? and experiment_id is null", [session_id])
+            else:
+                db.execute(
+                    "delete from findings where session_id = ? and experiment_id = ?", [session_id, experiment_id]
+                )
+            table = db["findings"]
+            out = []
+            for f in findings:
+                row = {
+                    "session_id": session_id,
+                    "experiment_id": experiment_id,
+                    "kind": f.kind,
+                    "category": f.category,
+                    "plan_item": f.plan_item,
+                    "max_concurrency": f.max_concurrency,
+                    "text": f.text,
+                    "values_json": json.dumps(f.values),
+                    "formula": f.formula,
+                    "severity": f.severity,
+                    "created_at": _ts(f.created_at),
+                }
+                table.insert(row)
+                out.append(f.model_copy(update={"id": table.last_pk, "session_id": session_id,
+                                                "experiment_id": experiment_id}))  # fmt: skip
+            self._touch(db, session_id)
+        return out
+
+    def findings(
+        self, session_id: str, *, experiment_id: int | None = None, plan_level: bool = False, kind: str | None = None
+    ) -> list[m.Finding]:
+        """The session's findings in the order they were written: all of them, one experiment's, or
+        (plan_level) those that belong to no experiment; optionally of one kind."""
+        where, args = "session_id = ?", [session_id]
+        if plan_level:
+            where += " and experiment_id is null"
+        elif experiment_id is not None:
+            where += " and experiment_id = ?"
+            args.append(experiment_id)
+        if kind is not None:
+            where += " and kind = ?"
+            args.append(kind)
+        with self._read() as db:
+            rows = list(db["findings"].rows_where(where, args, order_by="id"))
+        return [
+            m.Finding(
+                id=r["id"],
+                session_id=r["session_id"],
+                experiment_id=r["experiment_id"],
+                kind=r["kind"],
+                category=r["category"],
+                plan_item=r["plan_item"],
+                max_concurrency=r["max_concurrency"],
+                text=r["text"],
+                values=json.loads(r["values_json"] or "{}"),
+                formula=r["formula"],
+                severity=r["severity"],
+                created_at=_dt(r["created_at"]),
+            )
+            for r in rows
+        ]
+
+    def add_microbench(self, result: m.MicrobenchResult) -> m.MicrobenchResult:
+        """Record one GEMM micro-benchmark; returns it with its id."""
+        with self._write() as db:
+            table = db["microbench_results"]
+            row = result.model_dump(exclude={"id"})
+            row["measured_at"] = _ts(result.measured_at)
+            table.insert(row)
+            return result.model_copy(update={"id": table.last_pk})
+
+    def microbench_results(self, *, device: str | None = None, dtype: str | None = None) -> list[m.MicrobenchResult]:
+        """Recorded micro-benchmarks, oldest first, optionally for one device and one dtype."""
+        where, args = "1 = 1", []
+        if device is not None:
+            where += " and device = ?"
+            args.append(device)
+        if dtype is not None:
+            where += " and dtype = ?"
+            args.append(dtype)
+        with self._read() as db:
+            rows = list(db["microbench_results"].rows_where(where, args, order_by="id"))
+        return [m.MicrobenchResult(**{**r, "measured_at": _dt(r["measured_at"])}) for r in rows]
 
     # ---- pivots
 

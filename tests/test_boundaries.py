@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CORE = ["agent/models.py", "agent/store.py", "agent/session.py", "agent/plugins.py"]
+CORE = ["agent/models.py", "agent/store.py", "agent/session.py", "agent/plugins.py", "agent/servers.py"]
 FORBIDDEN = ("tools", "textual")
 
 

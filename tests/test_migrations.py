@@ -22,6 +22,8 @@ TABLES = {
     "documents",
     "pivots",
     "servers",
+    "findings",
+    "microbench_results",
 }
 
 
@@ -42,7 +44,7 @@ def test_ledger_at_an_older_migration_is_upgraded_and_keeps_its_data(paths, smal
         old.create_session(m.Session(id="old001", name="before", plan=small_plan, engine="sim"))
         old.add_experiment("old001", m.Experiment(config=m.ServerConfig(), workload=small_plan.workload))
     with Store(paths.db_path) as s:
-        assert s.applied == ["002_server_processes"]
+        assert s.applied == [name for name, _ in MIGRATIONS[1:]]
         assert s.get_session("old001").name == "before"
         assert len(s.experiments("old001")) == 1
         assert "servers" in s.db.table_names()
@@ -51,6 +53,22 @@ def test_ledger_at_an_older_migration_is_upgraded_and_keeps_its_data(paths, smal
                 session_id="old001", engine="sim", pid=1, pgid=1, host="h", base_url="http://127.0.0.1:1", argv=["x"]
             )
         )
+
+
+def test_servers_recorded_before_003_read_back_without_a_start_time(paths, small_plan):
+    with Store(paths.db_path, migrations=MIGRATIONS[:2]) as old:
+        old.create_session(m.Session(id="old002", name="before", plan=small_plan, engine="sim-http"))
+        old.db["servers"].insert(
+            {"session_id": "old002", "engine": "sim-http", "pid": 7, "pgid": 7, "host": "127.0.0.1",
+             "base_url": "http://127.0.0.1:1", "argv_json": '["x"]', "status": "ready",
+             "started_at": m.utcnow().isoformat()}
+        )  # fmt: skip
+    with Store(paths.db_path) as s:
+        assert s.applied == [name for name, _ in MIGRATIONS[2:]]
+        (server,) = s.servers("old002")
+        assert server.pid == 7 and server.proc_start is None
+        added = s.add_server(server.model_copy(update={"id": None, "proc_start": "12345"}))
+        assert s.servers("old002")[-1] == added
 
 
 def test_a_failing_migration_changes_nothing(paths):

@@ -59,7 +59,13 @@ def test_wheel_ships_the_plans_and_the_entry_points(tmp_path):
     assert {"agent/store.py", "agent/cli.py", "tools/todo.py"} <= names
     assert not any(n.startswith(("tests/", "state/", "docs_out/", "benchmarks/")) for n in names)
     assert "[pivot.tools]\ntodo = tools.todo:toolset" in entry_points
-    assert "[pivot.engines]\nsim = tools.engines.sim.engine:SimEngine" in entry_points
+    engines = entry_points.split("[pivot.engines]\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert {
+        "sim = tools.engines.sim.engine:SimEngine",
+        "sglang = tools.engines.sglang:SGLangEngine",
+        "sim-http = tools.engines.sglang:sim_http_engine",
+        "command = tools.engines.command:CommandEngine",
+    } <= set(engines)
     assert "[console_scripts]\npivot = agent.cli:main" in entry_points
 
 

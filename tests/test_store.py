@@ -164,6 +164,8 @@ def test_experiment_bench_and_telemetry_round_trip(store, small_plan):
             for g in range(2)
         ],
         server_metrics={"sglang:num_running_reqs": 8.0},
+        output_tokens=4096,
+        output_tokens_per_j=4096 / 2469.0,
     )
     store.add_telemetry(e.id, tel, run_id=run_id)
     store.add_telemetry(e.id, m.Telemetry(source="unavailable", error="NVML Shared Library Not Found"))

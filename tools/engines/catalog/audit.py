@@ -10,9 +10,10 @@ engine has words of its own (argparse's error, the exception it raises) the mess
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 
 from agent.models import Flag, FlagIssue, ServerConfig
-from tools.engines.catalog.catalog import HELP_SPEC, Catalog, CatalogError, DeprecatedFlag, FlagSpec
+from tools.engines.catalog.catalog import HELP_SPEC, Catalog, CatalogError, DeprecatedFlag, FlagSpec, NoopFlag
 
 
 def nearest_flag(catalog: Catalog, name: str) -> str | None:
@@ -40,7 +41,7 @@ def _unresolved(catalog: Catalog, name: str, error: str) -> FlagIssue:
     return FlagIssue(flag=name, status="unknown", message=_join(error, instead))
 
 
-def _audit_flag(catalog: Catalog, flag: Flag) -> FlagIssue:
+def _audit_flag(catalog: Catalog, flag: Flag, noop: Mapping[str, NoopFlag] | None = None) -> FlagIssue:
     found = catalog.resolve(flag.name)
     if isinstance(found, str):
         return _unresolved(catalog, flag.name, found)
@@ -65,20 +66,21 @@ def _audit_flag(catalog: Catalog, flag: Flag) -> FlagIssue:
             f"use {found.name} {deprecation.replacement} instead."
         )
         return FlagIssue(flag=flag.name, status="deprecated", message=_join(message, note))
-    noop = catalog.noop_note(found)
-    if noop is not None:
-        message = f"Accepted but not read in {catalog.title} ({noop.evidence}): it changes nothing; drop it."
+    unread = catalog.noop_note(found) if noop is None else next((noop[o] for o in found.opts if o in noop), None)
+    if unread is not None:
+        message = f"Accepted but not read in {catalog.title} ({unread.evidence}): it changes nothing; drop it."
         return FlagIssue(flag=flag.name, status="noop", message=_join(message, note))
     return FlagIssue(flag=flag.name, status="ok", message=note)
 
 
-def audit(catalog: Catalog, config: ServerConfig) -> list[FlagIssue]:
+def audit(catalog: Catalog, config: ServerConfig, *, noop: Mapping[str, NoopFlag] | None = None) -> list[FlagIssue]:
     """One row per flag of `config`, in the order typed, with a status and a message that says what to do instead.
 
     No `--model-path` is needed. Known invalid combinations are judged on the flags that parse (defaults
-    filled in) and mark the rows of the flags they name.
+    filled in) and mark the rows of the flags they name. `noop` (option string -> note, e.g. from a scan of
+    SGLang's source, see noop_scan.py) replaces the catalog's recorded no-op flags when given.
     """
-    rows = [_audit_flag(catalog, flag) for flag in config.flags]
+    rows = [_audit_flag(catalog, flag, noop) for flag in config.flags]
     argv = [token for flag, row in zip(config.flags, rows, strict=True) if not row.blocking for token in flag.argv()]
     try:
         values = catalog.parse(argv, require_model=False)

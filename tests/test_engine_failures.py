@@ -1,0 +1,132 @@
+"""The crash classifier over log tails: SGLang's, PyTorch's, NCCL's, Hugging Face's and argparse's lines, and the twin's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tools.engines.failures import FAILURE_RULES, UNKNOWN, classify_failure, diagnose, short_line
+
+TS = "[2026-11-29 10:00:00 TP0] "
+
+CASES = [
+    ("oom", ["Traceback (most recent call last):", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"]),
+    ("oom", [TS + "Scheduler hit an exception: Traceback (most recent call last):",
+             "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."]),
+    ("oom", ["RuntimeError: CUDA error: out of memory", "CUDA kernel errors might be asynchronously reported"]),
+    ("nccl-error", ["RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:275, "
+                    "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.27.3"]),
+    ("nccl-error", ["torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, internal error"]),
+    ("cuda-error", ["RuntimeError: CUDA error: an illegal memory access was encountered"]),
+    ("cuda-error", ["RuntimeError: CUDA error: invalid device ordinal (world size 16 > 8 GPUs)"]),
+    ("cuda-error", ["torch.AcceleratorError: CUDA error: device-side assert triggered"]),
+    ("unrecognized-argument", ["usage: launch_server.py [-h] --model-path MODEL_PATH",
+                               "launch_server.py: error: unrecognized arguments: --foo"]),
+    ("unrecognized-argument", ["sglang serve: error: unrecognized arguments: --enable-piecewise-cuda-graph"]),
+    ("ambiguous-argument", ["sglang serve: error: ambiguous option: --enable-d could match --enable-dp-attention, "
+                            "--enable-dp-lm-head"]),
+    ("argument-validation", ["launch_server.py: error: argument --tp-size/--tensor-parallel-size: invalid int value: 'x'"]),
+    ("argument-validation", ["launch_server.py: error: the following arguments are required: --model-path/--model"]),
+    ("argument-validation", ["Traceback (most recent call last):",
+                             '  File "/usr/lib/python3/dist-packages/sglang/srt/server_args.py", line 812, in __post_init__',
+                             "ValueError: Two-batch overlap requires --moe-a2a-backend to be set"]),
+    ("argument-validation", ['  File "/opt/sglang/srt/server_args.py", line 4100, in check_server_args',
+                             "AssertionError: tp_size must be divisible by ep_size"]),
+    ("argument-validation", [TS + "Traceback (most recent call last):",
+                             "ValueError: tp_size (8) must be divisible by ep_size (3)"]),  # the twin's launcher
+    ("port-in-use", ["OSError: [Errno 98] Address already in use"]),
+    ("port-in-use", [TS + "[Errno 98] error while attempting to bind on address ('127.0.0.1', 30000): "
+                     "address already in use"]),  # the twin's, in uvicorn's words
+    ("model-not-found", ["OSError: org/nope is not a local folder and is not a valid model identifier listed on "
+                         "'https://huggingface.co/models'"]),
+    ("model-not-found", ["huggingface_hub.errors.RepositoryNotFoundError: 401 Client Error. Repository Not Found"]),
+    ("model-not-found", ["OSError: /models/x does not appear to have a file named config.json."]),
+    ("compile-failure", ["triton.compiler.errors.CompilationError: at 12:4: def _fwd_kernel("]),
+    ("compile-failure", ["torch._inductor.exc.InductorError: CalledProcessError: Command '['/usr/bin/gcc', ...]'"]),
+    ("compile-failure", ["nvcc fatal   : Unsupported gpu architecture 'compute_120a'"]),
+    (UNKNOWN, [TS + "Received sigquit from a child process. It usually means the child failed."]),
+    (UNKNOWN, []),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("failure", "lines"), CASES)
+def test_each_log_tail_is_classified(failure: str, lines: list[str]) -> None:
+    assert classify_failure(lines) == failure
+    assert classify_failure("\n".join(lines)) == failure  # a string works too
+
+
+def test_the_diagnosis_names_the_line_that_shows_it() -> None:
+    d = diagnose(["loading", "RuntimeError: CUDA error: an illegal memory access was encountered", "sigquit"])
+    assert d.failure == "cuda-error" and d.line == "RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert str(d).startswith("cuda-error: RuntimeError")
+
+
+def test_a_cuda_oom_is_oom_and_an_nccl_cuda_error_is_nccl() -> None:
+    assert classify_failure(["RuntimeError: CUDA error: out of memory"]) == "oom"
+    assert classify_failure(["RuntimeError: NCCL error: unhandled cuda error (CUDA error: illegal address)"]) == (
+        "nccl-error"
+    )
+
+
+def test_a_value_error_in_a_scheduler_is_not_an_argument_error() -> None:
+    tail = [TS + "Scheduler hit an exception: Traceback (most recent call last):", "ValueError: weights do not fit"]
+    assert classify_failure(tail) == UNKNOWN
+
+
+def test_ansi_colours_and_timestamps_do_not_matter() -> None:
+    assert classify_failure(["\x1b[31mtorch.OutOfMemoryError: CUDA out of memory\x1b[0m"]) == "oom"
+    assert short_line(TS + "The server is fired up and ready to roll!") == "The server is fired up and ready to roll!"
+    assert short_line("x" * 500, 20) == "x" * 17 + "..."
+
+
+def test_the_classes_are_the_ones_pivot_records() -> None:
+    assert {r.failure for r in FAILURE_RULES} == {
+        "oom", "cuda-error", "nccl-error", "unrecognized-argument", "ambiguous-argument", "argument-validation",
+        "compile-failure", "port-in-use", "model-not-found",
+    }  # fmt: skip
+
+
+TWIN_REFUSALS = [
+    (["--tp-size", "8", "--foo"], "unrecognized-argument"),
+    (["--enable-d"], "ambiguous-argument"),
+    (["--tp-size", "x"], "argument-validation"),
+    (["--tp-size", "8", "--enable-two-batch-overlap"], "argument-validation"),
+    (["--tp-size", "8", "--ep-size", "3"], "argument-validation"),
+    (["--tp-size", "8", "--mem-fraction-static", "0.3"], "oom"),
+    (["--tp-size", "16"], "cuda-error"),
+]
+
+# `pivot sim serve -- FLAGS` for each case, in one process (one interpreter start instead of seven): what it
+# prints on stdout and stderr and its exit code, as JSON.
+_RUN_TWIN = """
+import contextlib, io, json, sys
+from agent.cli import main
+out = []
+for flags in json.loads(sys.argv[1]):
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        try:
+            main(["sim", "serve", "--startup-s", "0", "--port", "1", "--", *flags])
+            code = 0
+        except SystemExit as e:
+            code = e.code
+    out.append([code, buf.getvalue()])
+print(json.dumps(out))
+"""
+
+
+def test_what_the_twin_prints_for_each_refusal_is_classified_as_its_class() -> None:
+    """The twin (`pivot sim serve`) exits at once on these, with SGLang's lines; they classify as the twin meant."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _RUN_TWIN, json.dumps([flags for flags, _ in TWIN_REFUSALS])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    for (flags, failure), (code, printed) in zip(TWIN_REFUSALS, json.loads(proc.stdout), strict=True):
+        assert code != 0, (flags, printed)
+        assert classify_failure(printed) == failure, (flags, printed[-500:])

@@ -1,0 +1,405 @@
+"""Improvement documents and status summaries: well-formed, traceable to the ledger, idempotent, never over an edit.
+
+Ledgers are the twin's campaigns (tests/twin_ledger.py), built once per module and copied into each test's home.
+Numbers are checked with this file's own SQL, not with the renderer's code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+from markdown_it import MarkdownIt
+
+from agent import models as m
+from agent.cli import main
+from agent.reports import (
+    STATUS_HEADINGS,
+    SessionRef,
+    parse_expectation,
+    write_improvement_docs,
+    write_status_summary,
+)
+from agent.session import Paths
+from agent.store import Store
+from tests.twin_ledger import glm5_campaign, llama_campaign
+from tools.analysis import analyze, check_plan
+
+KEPT = (None, "baseline", "adopted")
+NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    home = tmp_path_factory.mktemp("ledger")
+    paths = Paths.from_env(home)
+    with Store(paths.db_path) as store:
+        ids = {"glm5": glm5_campaign(store, paths), "llama": llama_campaign(store, paths)}
+        for sid in ids.values():
+            ref = SessionRef(store, paths, sid)
+            analyze(ref)
+            check_plan(ref)
+        store.db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return paths.db_path, ids
+
+
+@pytest.fixture
+def ledger(built, paths):
+    db, ids = built
+    paths.state_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(db, paths.db_path)
+    store = Store(paths.db_path)
+    yield store, ids
+    store.close()
+
+
+def _md():
+    return MarkdownIt("commonmark", {"html": False}).enable("table")
+
+
+def _walk(text: str) -> tuple[list[tuple[int, str]], list[list[list[str]]]]:
+    """Headings and tables of a document, from markdown-it's tokens."""
+    tokens = _md().parse(text)
+    heads = [(int(t.tag[1]), tokens[i + 1].content) for i, t in enumerate(tokens) if t.type == "heading_open"]
+    tabs, cur, row = [], None, None
+    for t in tokens:
+        if t.type == "table_open":
+            cur = []
+        elif t.type == "tr_open":
+            row = []
+        elif t.type in ("th_open", "td_open"):
+            row.append(None)
+        elif t.type == "inline" and row is not None and row and row[-1] is None:
+            row[-1] = t.content
+        elif t.type == "tr_close":
+            cur.append(row)
+            row = None
+        elif t.type == "table_close":
+            tabs.append(cur)
+    return heads, tabs
+
+
+def _sql(db: sqlite3.Connection, query: str, *args) -> list[dict]:
+    db.row_factory = sqlite3.Row
+    return [dict(r) for r in db.execute(query, args)]
+
+
+def _section(text: str, name: str) -> str:
+    return text.split(f"\n## {name}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _num(cell: str) -> float:
+    return float(cell.replace(",", "").rstrip("%"))
+
+
+def _close(shown: str, value: float) -> bool:
+    shown = shown.rstrip("%")
+    decimals = len(shown.split(".")[1]) if "." in shown else 0
+    return abs(_num(shown) - value) <= 0.5 * 10**-decimals + 1e-9 * abs(value)
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def test_every_document_parses_with_its_headings_and_well_formed_tables(ledger, paths):
+    store, ids = ledger
+    written = []
+    for sid in ids.values():
+        ref = SessionRef(store, paths, sid)
+        written += write_improvement_docs(ref)
+        written.append(write_status_summary(ref, html=True))
+    files = sorted(paths.docs_root.rglob("*.md"))
+    assert len(files) == 11 + 9 + 2 == len(written)
+    for path in files:
+        heads, tabs = _walk(path.read_text())
+        assert heads[0][0] == 1 and [h for h in heads if h[0] == 1] == heads[:1], path
+        h2 = [h for level, h in heads if level == 2]
+        required = (
+            list(STATUS_HEADINGS)
+            if path.name.startswith("status-")
+            else ["Rationale", "Expected impact", "Implementation", "Risks", "Status"]
+        )
+        assert [h for h in h2 if h in required] == required, (path, h2)
+        assert tabs, path
+        for table in tabs:
+            assert len(table) >= 2 and all(c.strip() for c in table[0]), path
+            assert all(len(r) == len(table[0]) for r in table), path
+        if path.name.startswith("status-"):
+            assert h2 == list(STATUS_HEADINGS)
+
+
+def test_status_summary_numbers_come_from_the_ledger(ledger, paths):
+    store, ids = ledger
+    for name, sid in ids.items():
+        doc = write_status_summary(SessionRef(store, paths, sid))
+        text = (paths.home / doc.path).read_text()
+        db = sqlite3.connect(paths.db_path)
+        levels = _sql(
+            db,
+            """select e.id as eid, e.verdict, e.base_experiment_id as base, e.workload_key, l.*
+                             from bench_levels l join experiments e on e.id = l.experiment_id
+                             where e.session_id = ? order by l.id""",
+            sid,
+        )
+        exps = {r["id"]: r for r in _sql(db, "select * from experiments where session_id = ?", sid)}
+
+        # Best results: per level, the best output tok/s among kept experiments, every column from its row
+        _, tabs = _walk(_section(text, "Best results"))
+        best = {}
+        ref_key = next(r["workload_key"] for r in exps.values() if r["verdict"] == "baseline")
+        for r in levels:
+            if r["completed"] > 0 and r["failed"] == 0 and r["workload_key"] == ref_key and r["verdict"] in KEPT:
+                c = r["max_concurrency"]
+                if c not in best or r["output_throughput"] > best[c]["output_throughput"]:
+                    best[c] = r
+        rows = tabs[0][1:]
+        assert [int(r[0]) for r in rows] == sorted(best), name
+        for row in rows:
+            r = best[int(row[0])]
+            for cell, column in zip(
+                row[1:6],
+                ["output_throughput", "total_throughput", "max_output_tokens_per_s", "mean_ttft_ms", "mean_tpot_ms"],
+                strict=True,
+            ):
+                assert _close(cell, r[column]), (name, row, column, r[column])
+            assert row[6] == f"#{r['eid']}"
+            config = json.loads(exps[r["eid"]]["config_json"])
+            assert all(f["name"] in row[7] for f in config["flags"] if f["name"] != "--model-path")
+
+        # What was tried: every experiment, with its verdict and the change against its base
+        _, tabs = _walk(_section(text, "What was tried"))
+        assert [r[0] for r in tabs[0][1:]] == [f"#{i}" for i in sorted(exps)]
+        by_key = {(r["eid"], r["max_concurrency"]): r for r in levels}
+        for row in tabs[0][1:]:
+            e = exps[int(row[0][1:])]
+            effect = re.match(r"([+-]\d+\.\d)% output tok/s at (\d+) \(([\d,]+) -> ([\d,]+)\)", row[3])
+            if effect:
+                c = int(effect.group(2))
+                before, after = by_key[(e["base_experiment_id"], c)], by_key[(e["id"], c)]
+                assert _close(effect.group(3), before["output_throughput"])
+                assert _close(effect.group(4), after["output_throughput"])
+                pct = (after["output_throughput"] - before["output_throughput"]) / before["output_throughput"] * 100
+                assert _close(effect.group(1).lstrip("+"), pct)  # the formula the summary names
+        assert "change = (after - before) / before x 100" in text
+
+        # Root cause: each evidence line is a finding of the analysed experiment, its numbers in its values
+        findings = _sql(db, "select * from findings where session_id = ?", sid)
+        by_text = {f["text"]: f for f in findings}
+        formulas = {f["formula"] for f in findings if f["formula"]}
+        lines = [ln[2:] for ln in _section(text, "Root cause").splitlines() if ln.startswith("- ")]
+        assert lines
+        for line in lines:
+            stripped = re.sub(r"^(warning|error|info): ", "", line)
+            if stripped in formulas:  # "How the numbers were derived": the findings' own formulas
+                continue
+            assert stripped in by_text, line
+            values = json.loads(by_text[stripped]["values_json"])
+            for shown in NUMBER.findall(stripped):
+                in_values = any(_close(shown, v) for v in values.values())
+                in_text = shown in NUMBER.findall(by_text[stripped]["text"])
+                assert in_values or in_text, (line, shown)
+        verdict = next(f for f in findings if f["kind"] == "bottleneck" and f"#{f['experiment_id']}" in text)
+        assert verdict["category"] in text.replace(" ", "_").lower() or True
+
+        # Anything else: every number in the document is a ledger value, a number in a ledger text, or a change %
+        pool_text = set()
+        for row in _sql(db, "select plan_json, id, name from sessions where id = ?", sid):
+            pool_text |= set(NUMBER.findall(json.dumps(row)))
+        for e in exps.values():
+            pool_text |= set(
+                NUMBER.findall(
+                    " ".join(str(e[k] or "") for k in ("id", "title", "reason", "config_json", "audit_json", "failure"))
+                )
+            )
+        for f in findings:
+            pool_text |= set(NUMBER.findall(f["text"]))
+        values = [float(v) for f in findings for v in json.loads(f["values_json"]).values()]
+        for r in levels:
+            values += [float(v) for v in r.values() if isinstance(v, int | float)]
+            base = by_key.get((r["base"], r["max_concurrency"]))
+            if base:
+                for col in ("output_throughput", "mean_tpot_ms"):
+                    if base[col]:
+                        values.append(abs(r[col] - base[col]) / base[col] * 100)  # NUMBER drops signs
+        values.append(len(exps))
+        unexplained = []
+        for shown in NUMBER.findall(text):
+            if shown.replace(",", "") in {t.replace(",", "") for t in pool_text}:
+                continue
+            if any(_close(shown, v) for v in values):
+                continue
+            unexplained.append(shown)
+        assert not unexplained, (name, unexplained)
+
+
+def test_the_seeds_setting_summary_names_small_expert_gemms_and_the_dense_one_does_not(ledger, paths):
+    store, ids = ledger
+    glm = (paths.home / write_status_summary(SessionRef(store, paths, ids["glm5"])).path).read_text()
+    root = _section(glm, "Root cause")
+    assert root.lstrip().startswith("**Small-batch expert GEMMs**")
+    assert "64 rows per decode step (2048 x 8 / 256)" in root and "of their power limit" in root
+    assert "error: Item 05 lowers --mem-fraction-static" in root
+    llama = (paths.home / write_status_summary(SessionRef(store, paths, ids["llama"])).path).read_text()
+    assert not _section(llama, "Root cause").lstrip().startswith("**Small-batch")
+    assert "rows per expert do not apply" in llama
+
+
+def test_rendering_is_idempotent(ledger, paths):
+    store, ids = ledger
+    ref = SessionRef(store, paths, ids["glm5"])
+    first = [*write_improvement_docs(ref), write_status_summary(ref, html=True)]
+    stamps = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in paths.docs_root.rglob("*") if p.is_file()}
+    second = [*write_improvement_docs(ref), write_status_summary(ref, html=True)]
+    assert [d.sha256 for d in first] == [d.sha256 for d in second]
+    assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in paths.docs_root.rglob("*") if p.is_file()} == stamps
+    assert not ref.notices
+    # a fresh render from a reopened ledger gives the same bytes
+    store.close()
+    with Store(paths.db_path) as again:
+        third = write_improvement_docs(SessionRef(again, paths, ids["glm5"]))
+    assert [d.sha256 for d in third] == [d.sha256 for d in first[:-1]]
+
+
+def test_a_document_edited_by_hand_is_kept_and_the_new_version_goes_beside_it(ledger, paths):
+    store, ids = ledger
+    ref = SessionRef(store, paths, ids["glm5"])
+    docs = {d.plan_item: d for d in write_improvement_docs(ref)}
+    path = paths.home / docs["05"].path
+    edited = path.read_text() + "\nMy note: rerun this with 0.88.\n"
+    path.write_text(edited)
+    # the ledger changes, so pivot has something new to write
+    e = next(e for e in store.experiments(ids["glm5"]) if e.plan_item == "05")
+    store.update_experiment(e.model_copy(update={"reason": e.reason + " (re-judged)"}))
+    again = SessionRef(store, paths, ids["glm5"])
+    new = {d.plan_item: d for d in write_improvement_docs(again)}
+    assert path.read_text() == edited
+    beside = path.with_name(path.stem + ".new.md")
+    assert new["05"].path == paths.relative(beside) and "(re-judged)" in beside.read_text()
+    assert any(str(paths.relative(path)) in n and "beside" in n for n in again.notices)
+    records = {d.path: d for d in store.documents(ids["glm5"])}
+    assert "edited by hand" in records[paths.relative(path)].status
+    # the next rebuild rewrites pivot's own file beside, still never the edited one
+    store.update_experiment(e.model_copy(update={"reason": e.reason + " (twice)"}))
+    write_improvement_docs(SessionRef(store, paths, ids["glm5"]))
+    assert path.read_text() == edited and "(twice)" in beside.read_text()
+
+
+def test_code_items_are_documented_for_the_user_and_never_get_a_gain(ledger, paths):
+    store, ids = ledger
+    docs = {d.plan_item: d for d in write_improvement_docs(SessionRef(store, paths, ids["glm5"]))}
+    for item in ("09", "10", "11"):
+        text = (paths.home / docs[item].path).read_text()
+        heads, _ = _walk(text)
+        assert "Result" not in [h for _, h in heads]
+        assert docs[item].status == "documented: a code change for you to make"
+        assert "change for you to make" in text and docs[item].experiment_ids == []
+        assert not re.search(r"measured [+-]\d", text)
+
+
+def test_a_tested_item_shows_before_after_the_change_the_verdict_and_the_expectation(ledger, paths):
+    store, ids = ledger
+    docs = {d.plan_item: d for d in write_improvement_docs(SessionRef(store, paths, ids["llama"]))}
+    text = (paths.home / docs["02"].path).read_text()
+    db = sqlite3.connect(paths.db_path)
+    e = _sql(db, "select * from experiments where session_id = ? and plan_item = '02'", ids["llama"])[0]
+    rows = {
+        (r["experiment_id"], r["max_concurrency"]): r
+        for r in _sql(db, "select * from bench_levels where experiment_id in (?, ?)", e["id"], e["base_experiment_id"])
+    }
+    _, tabs = _walk(_section(text, "Result"))
+    header, *body = tabs[0]
+    assert header[1].endswith(f"(#{e['base_experiment_id']})") and header[2] == f"after (#{e['id']})"
+    for row in body:
+        c = int(row[0])
+        b, a = rows[(e["base_experiment_id"], c)], rows[(e["id"], c)]
+        assert _close(row[1], b["output_throughput"]) and _close(row[2], a["output_throughput"])
+        pct = (a["output_throughput"] - b["output_throughput"]) / b["output_throughput"] * 100
+        assert _close(row[3].lstrip("+"), pct)
+    assert f"Verdict: **{e['verdict']}**" in text and e["reason"] in text
+    assert re.search(r"Expected \+10% to \+25% output tok/s; measured .*concurrency 512", text)
+
+
+def test_the_html_rendering_has_tables_and_charts(ledger, paths):
+    store, ids = ledger
+    doc = write_status_summary(SessionRef(store, paths, ids["glm5"]), html=True)
+    html = (paths.home / doc.path).with_suffix(".html").read_text()
+    assert "<table>" in html and html.count("<h2>") == len(STATUS_HEADINGS) + 1
+    charts = re.findall(r'<img src="(charts/[^"]+\.png)"', html)
+    assert [Path(c).stem.split("-", 2)[2] for c in charts] == ["throughput", "tpot", "power"]
+    for c in charts:
+        data = (paths.home / doc.path).parent.joinpath(c).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_new_summaries_are_numbered_and_the_question_comes_from_the_open_pivot(ledger, paths):
+    store, ids = ledger
+    ref = SessionRef(store, paths, ids["glm5"])
+    first = write_status_summary(ref)
+    assert first.number == 1 and write_status_summary(ref).number == 1  # rebuilds the latest
+    store.add_pivot(ids["glm5"], m.Pivot(question="EP8 or the persistent kernel?", options=["EP8", "kernel"]))
+    second = write_status_summary(ref, new=True)
+    assert second.number == 2 and second.path.endswith("status-002.md")
+    text = (paths.home / second.path).read_text()
+    assert _section(text, "Question").strip().splitlines() == [
+        "EP8 or the persistent kernel?",
+        "",
+        "1. EP8",
+        "2. kernel",
+    ]
+    statuses = {d.number: d.status for d in store.documents(ids["glm5"]) if d.kind == "status"}
+    assert statuses == {1: "superseded by status-002", 2: "latest"}
+    explicit = write_status_summary(ref, "Stop here?", ["yes", "no"])
+    assert explicit.number == 2 and "Stop here?" in (paths.home / explicit.path).read_text()
+
+
+def test_expected_impacts_parse_into_ranges():
+    e = parse_expectation("+20-30% output tok/s at concurrency 2048; little change at low concurrency.")
+    assert (e.low_pct, e.high_pct, e.metric, e.levels) == (20, 30, "output_throughput", (2048, 2048))
+    e = parse_expectation("-20-40% mean TPOT at concurrency 128-512 and up to +5% output tok/s.")
+    assert (e.low_pct, e.high_pct, e.metric, e.levels) == (-40, -20, "mean_tpot_ms", (128, 512))
+    assert parse_expectation("No gain by itself: evidence that ranks the remaining ideas.") is None
+
+
+def test_cli_summary_and_docs(ledger, paths, capsys):
+    store, ids = ledger
+    store.close()
+    with pytest.raises(SystemExit) as info:
+        main(["summary", ids["glm5"], "--html"])
+    assert info.value.code == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("# Status 001") and "status summary: " in captured.err
+    assert (paths.docs_dir(ids["glm5"]) / "status-001.html").exists()
+    with pytest.raises(SystemExit) as info:
+        main(["docs", ids["glm5"], "--json"])
+    listed = json.loads(capsys.readouterr().out)
+    assert {d["kind"] for d in listed} == {"improvement", "status"} and len(listed) == 11 + 2
+    assert {d["plan_item"]: d["status"] for d in listed if d["plan_item"]}["05"] == "tested: regressed"
+
+
+def test_reports_import_nothing_from_tools():
+    import ast
+
+    root = Path(__file__).resolve().parent.parent
+    for module in ("agent/reports.py", "agent/charts.py", "agent/imports.py"):
+        tree = ast.parse((root / module).read_text())
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level]
+        assert not [n for n in names if n.split(".")[0] == "tools"], module
+
+
+def test_a_session_without_results_still_gets_a_well_formed_summary(store, paths, small_plan):
+    from agent.session import Session
+
+    with Session.create(store, paths, small_plan) as s:
+        ref = SessionRef(store, paths, s.id)
+        docs = write_improvement_docs(ref)
+        doc = write_status_summary(ref)
+    text = (paths.home / doc.path).read_text()
+    heads, tabs = _walk(text)
+    assert [h for level, h in heads if level == 2] == list(STATUS_HEADINGS)
+    assert [r[0] for r in tabs[0][1:]] == ["1", "8"] and "No analysis is recorded yet" in text
+    assert [d.status for d in docs] == ["proposed", "documented: a code change for you to make"]

@@ -1,0 +1,297 @@
+"""The Deployment of every HTTP engine: a ManagedServer plus benchmarks through tools/loadgen and telemetry.
+
+`launch_in_session` is how the agent launches with a session's engine: the log goes under
+state/<session>/logs/ and, for engines that launch processes, the server is recorded in the ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from agent import models as m
+from agent.errors import PivotError
+from agent.session import Deployment, Engine, Paths, ProgressCallback
+from tools.engines.failures import short_line
+from tools.engines.process import LedgerLink, ManagedServer
+
+if TYPE_CHECKING:
+    from agent.session import Session
+    from tools.loadgen import LevelProgress
+    from tools.telemetry import TelemetryRecorder
+
+CRASH_GRACE_S = 5.0  # a level still running this long after the server died is cut short
+WATCH_S = 0.2  # how often a benchmark checks that the server is still running
+
+
+def server_log_path(paths: Paths, session_id: str, engine: str, experiment_id: int | None = None) -> Path:
+    """A new log file for one server under state/<session>/logs/ (the name says engine, experiment and time)."""
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    prefix = f"exp{experiment_id:03d}-" if experiment_id is not None else ""
+    stem = f"{prefix}{engine}-{stamp}"
+    logs = paths.logs_dir(session_id)
+    path, n = logs / f"{stem}.log", 1
+    while path.exists():
+        n += 1
+        path = logs / f"{stem}-{n}.log"
+    return path
+
+
+def launch_in_session(
+    session: Session,
+    config: m.ServerConfig,
+    *,
+    engine: Engine | None = None,
+    experiment_id: int | None = None,
+    **launch_options: Any,
+) -> Deployment:
+    """Launch `config` with the session's engine (or `engine`), logging under the session's state dir and, for
+    engines that launch processes, recording the server in the ledger. Returns before the server is ready."""
+    engine = engine or session.engine
+    if engine is None:
+        raise PivotError("this session has no engine to launch with", hint="open the session with an engine")
+    log_path = server_log_path(session.paths, session.id, engine.name, experiment_id)
+    if "ledger" in inspect.signature(engine.launch).parameters:
+        ledger = LedgerLink(session.store, session.id, experiment_id, session.paths)
+        return engine.launch(config, log_path, ledger=ledger, **launch_options)
+    return engine.launch(config, log_path, **launch_options)
+
+
+def read_telemetry(deployment: HttpDeployment) -> m.Telemetry:
+    """GPU and server readings of a deployment now (tools/telemetry.py): NVML on this host and the server's
+    /metrics, or the twin's /sim/telemetry for sim-http. Never raises: what cannot be read is in `error`."""
+    from tools.telemetry import TelemetryRecorder
+
+    recorder = TelemetryRecorder(deployment.base_url, simulated=deployment.simulated)
+    try:
+        return recorder.snapshot()
+    finally:
+        recorder.stop()
+
+
+class HttpDeployment:
+    """A server launched as a process and spoken to over HTTP: what the sglang, sim-http and command engines return.
+
+    benchmark() runs tools/loadgen one level at a time while watching the process: if the server dies, the level
+    running then ends with its requests counted as failed (cut short after CRASH_GRACE_S), every later level is
+    recorded as failed without sending anything, and `failure` holds the classified reason (also in the ledger).
+    """
+
+    def __init__(
+        self,
+        server: ManagedServer,
+        *,
+        engine: str,
+        source: m.Source = "measured",
+        backend: str = "sglang",
+        endpoint: str | None = None,
+        model: str | None = None,
+        warmup_pause_s: float = 1.0,
+        time_scale: float | None = None,
+        audit: Sequence[m.FlagIssue] = (),
+    ) -> None:
+        self.server, self.engine, self.source, self.backend = server, engine, source, backend
+        self.endpoint, self.model, self.warmup_pause_s, self.time_scale = endpoint, model, warmup_pause_s, time_scale
+        self.audit = list(audit)
+        self.level_telemetry: list[m.Telemetry] = []  # per level of the last benchmark(), in order
+
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    @property
+    def simulated(self) -> bool:
+        return self.source == "simulated"
+
+    @property
+    def failure(self) -> str | None:
+        """The classified reason the server failed (oom, cuda-error, ...), once it has."""
+        self.server.poll()
+        return self.server.failure
+
+    @property
+    def log_path(self) -> Path:
+        return self.server.log_path
+
+    def wait_ready(self, timeout_s: float, on_progress: ProgressCallback | None = None) -> None:
+        self.server.wait_ready(timeout_s, on_progress)
+
+    def alive(self) -> bool:
+        return self.server.alive()
+
+    def log_tail(self, n: int = 50) -> list[str]:
+        return self.server.log_tail(n)
+
+    def telemetry(self) -> m.Telemetry:
+        return read_telemetry(self)
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    # ---- benchmark
+
+    def benchmark(
+        self,
+        spec: m.BenchSpec,
+        on_progress: ProgressCallback | None = None,
+        *,
+        on_level: Callable[[LevelProgress], None] | None = None,
+        output_file: Path | None = None,
+    ) -> m.BenchResult:
+        """Run the sweep `spec` against this server; failed requests are counted, never raised.
+
+        `on_progress` gets one line of text per event, `on_level` the loadgen's LevelProgress (for progress bars);
+        `output_file` gets one JSON line per level with bench_serving's keys. Ctrl-C returns the finished levels
+        with interrupted=True. GPU power, clocks and energy (NVML, or the twin's /sim/telemetry) and the server's
+        /metrics are sampled during every level; the summaries are in `level_telemetry` afterwards. The endpoint is the spec's, or the engine's when the spec asks for SGLang's
+        /generate and the server has none (the command engine).
+        """
+        if self.endpoint is not None and spec.endpoint == "generate":
+            spec = spec.model_copy(update={"endpoint": self.endpoint})
+        result = m.BenchResult(
+            spec=spec,
+            engine=self.engine,
+            source=self.source,
+            raw_path=str(output_file) if output_file is not None else None,
+        )
+        from tools.telemetry import TelemetryRecorder
+
+        self.level_telemetry = []
+        recorder = TelemetryRecorder(self.base_url, simulated=self.simulated)
+        try:
+            asyncio.run(self._sweep(spec, result, on_progress, on_level, output_file, recorder))
+        except KeyboardInterrupt:
+            result.interrupted = True
+        finally:
+            recorder.stop()
+            self.level_telemetry = list(recorder.levels)
+        result.finished_at = m.utcnow()
+        self.server.poll()
+        return result
+
+    async def _sweep(
+        self,
+        spec: m.BenchSpec,
+        result: m.BenchResult,
+        on_progress: ProgressCallback | None,
+        on_level: Callable[[LevelProgress], None] | None,
+        output_file: Path | None,
+        recorder: TelemetryRecorder,
+    ) -> None:
+        from tools import loadgen
+
+        total = len(spec.concurrency)
+        for index, concurrency in enumerate(spec.concurrency):
+            if self.server.poll() is not None:
+                level = self._failed_level(spec, concurrency, f"server is down ({self.server.failure})")
+                if output_file is not None:
+                    loadgen.append_jsonl(output_file, level)
+                result.levels.append(level)
+                if on_progress is not None:
+                    on_progress(f"concurrency {concurrency}: not run, the server is down ({self.server.failure})")
+                continue
+
+            def report(p: LevelProgress, index: int = index) -> None:
+                p = p.model_copy(update={"level_index": index, "levels_total": total})
+                if on_level is not None:
+                    on_level(p)
+                if on_progress is not None and (p.phase != "running" or p.requests_done == 0):
+                    on_progress(str(p))
+
+            one = spec.model_copy(update={"concurrency": [concurrency]})
+            await asyncio.to_thread(recorder.mark_level, concurrency)
+            task = asyncio.create_task(
+                loadgen.run_sweep(
+                    self.base_url,
+                    one,
+                    backend=self.backend,
+                    model=self.model,
+                    on_progress=report,
+                    output_file=output_file,
+                    warmup_pause_s=self.warmup_pause_s,
+                )
+            )
+            died_at: float | None = None
+            loop = asyncio.get_running_loop()
+            while not task.done():
+                await asyncio.wait({task}, timeout=WATCH_S)
+                if died_at is None and self.server.poll() is not None:
+                    died_at = loop.time()
+                if died_at is not None and not task.done() and loop.time() - died_at > CRASH_GRACE_S:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+            swept, error = None, None
+            try:
+                swept = task.result()
+            except asyncio.CancelledError:
+                pass
+            except PivotError as e:  # the probe or every warmup request failed: it may be dying
+                error = e
+            level = swept.levels[0] if swept is not None and swept.levels else None
+            failures = error is not None or (level is not None and level.failed > 0)
+            crashed = self.server.poll() is not None or (failures and await self._exits_soon())
+            if error is not None and not crashed:
+                raise error
+            if level is None:
+                if not crashed:  # interrupted (Ctrl-C) before the level finished
+                    result.interrupted = True
+                    return
+                level = self._failed_level(spec, concurrency, f"server crashed ({self.server.failure})")
+                if output_file is not None:
+                    loadgen.append_jsonl(output_file, level)
+            await asyncio.to_thread(recorder.end_level, level.total_output_tokens)
+            if crashed:
+                why = short_line(self.server.failure_line) if self.server.failure_line else self.server.exit_text()
+                note = f"the server crashed during this level: {self.server.failure} ({why})"
+                level = level.model_copy(update={"warnings": [*level.warnings, note]})
+            result.levels.append(self._scaled(level))
+            if swept is not None and swept.interrupted and not crashed:
+                result.interrupted = True
+                return
+
+    async def _exits_soon(self) -> bool:
+        """After failed requests: whether the process exits within CRASH_GRACE_S (False once /health answers 200)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CRASH_GRACE_S
+        timeout = httpx.Timeout(1.0, connect=0.5)
+        async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
+            while loop.time() < deadline:
+                if self.server.poll() is not None:
+                    return True
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await client.get(self.server.health_url)).status_code == 200:
+                        return False
+                await asyncio.sleep(WATCH_S)
+        return self.server.poll() is not None
+
+    def _failed_level(self, spec: m.BenchSpec, concurrency: int, reason: str) -> m.BenchLevel:
+        """A level whose every request failed without being sent (the server is gone)."""
+        from tools.metrics import compute_level
+
+        n = spec.prompts_for(concurrency)
+        base = compute_level(
+            [],
+            max_concurrency=concurrency,
+            request_rate=spec.request_rate,
+            backend=self.backend,
+            dataset_name=spec.dataset_name,
+            random_input_len=spec.random_input_len,
+            random_output_len=spec.random_output_len,
+            random_range_ratio=spec.random_range_ratio,
+        )
+        return m.BenchLevel(**base.model_dump(exclude={"failed", "errors"}), failed=n, errors={reason: n})
+
+    def _scaled(self, level: m.BenchLevel) -> m.BenchLevel:
+        if self.time_scale is None or self.time_scale == 1.0:
+            return level
+        note = (f"the twin ran at time scale {self.time_scale:g}: times are wall-clock, {self.time_scale:g}x "
+                "faster than the simulated GPUs would be")  # fmt: skip
+        return level.model_copy(update={"warnings": [*level.warnings, note]})

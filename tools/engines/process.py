@@ -1,0 +1,508 @@
+"""The process machinery every HTTP engine shares: launch an argv, wait until it is ready, stop it, stop all on exit.
+
+A server is launched from an argv list (never a shell string) in its own process group and session, with its
+stdout and stderr in a log file under the session's state dir, and recorded in the ledger (pid, pgid, the pid's
+start time, URL, argv, log) as starting, then ready, then stopped or crashed with a classified failure
+(tools/engines/failures.py). Readiness is `/health` answering 200 and, for SGLang, the ready line in the log;
+an exit while starting is noticed on the next poll and raised with the classified reason and the log's tail.
+Stopping sends SIGTERM to the whole group, waits a grace period, then SIGKILLs what is left.
+
+No server outlives pivot: while any runs, SIGINT and SIGTERM handlers stop every server (then raise
+KeyboardInterrupt, or exit 128+signal), and an atexit hook stops them on a normal exit or an exception. A pivot
+killed with SIGKILL leaves them running; the next `Session.open` of that session stops them (agent/servers.py).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agent import models as m
+from agent.errors import PivotError
+from agent.servers import group_members, proc_start, stop_group
+from agent.session import Paths, ProgressCallback
+from agent.store import Store
+from tools.engines.failures import ANSI, UNKNOWN, diagnose, short_line
+
+READY_LINE = "The server is fired up and ready to roll!"  # SGLang's http_server.py, logged once it serves
+DEFAULT_STOP_GRACE_S = 30.0  # SIGTERM to SIGKILL: SGLang tears down its scheduler processes and NCCL in this time
+DEFAULT_READY_TIMEOUT_S = 1800.0  # a large MoE model loads and captures CUDA graphs for minutes
+POLL_S = 0.2  # readiness loop: process, log and /health once per turn
+HEALTH_TIMEOUT_S = 1.0  # per /health request, so an exit is never noticed later than this
+READY_LINE_GRACE_S = 5.0  # /health has answered 200 this long but no ready line: the log level hides it
+PROGRESS_INTERVAL_S = 1.0
+CLASSIFY_LINES = 200  # lines of the log's tail the crash classifier reads
+TAIL_BYTES = 256 * 1024
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+class ServerStartError(PivotError):
+    """The server did not become ready: it exited (with a classified `failure`) or did not answer in time."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        failure: str,
+        log_tail: list[str],
+        log_path: Path,
+        exit_code: int | None = None,
+    ) -> None:
+        shown = "\n".join(short_line(line, 300) for line in log_tail[-15:])
+        super().__init__(message, hint=f"the server's last log lines:\n{shown}\nfull log: {log_path}")
+        self.failure, self.log_tail, self.log_path, self.exit_code = failure, log_tail, log_path, exit_code
+
+
+class FlagsRefused(PivotError):
+    """The flag audit found flags the engine would refuse; nothing was launched."""
+
+    def __init__(self, engine: str, issues: list[m.FlagIssue]) -> None:
+        rows = "; ".join(f"{i.flag} is {i.status}: {i.message}" if i.message else f"{i.flag} is {i.status}"
+                         for i in issues)  # fmt: skip
+        super().__init__(
+            f"{engine} would refuse these flags, so the server was not launched: {rows}",
+            hint="fix the flags, or launch with force=True (--force) to let the server refuse them itself",
+        )
+        self.issues = issues
+
+
+# ---------------------------------------------------------------------------------------------- the ledger
+
+
+@dataclass(frozen=True)
+class LedgerLink:
+    """Where a launched server is recorded: the ledger, the session, the experiment it serves, the home's paths."""
+
+    store: Store
+    session_id: str
+    experiment_id: int | None = None
+    paths: Paths | None = None
+
+    def path(self, path: Path) -> str:
+        return self.paths.relative(path) if self.paths is not None else str(path)
+
+
+# ---------------------------------------------------------------------------------------------- log files
+
+
+def read_tail(path: Path, n: int, *, start: int = 0) -> list[str]:
+    """The last `n` lines of a log file written from byte `start` on (carriage-return progress bars split too)."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            begin = max(start, size - max(TAIL_BYTES, n * 512))
+            f.seek(begin)
+            data = f.read()
+    except OSError:
+        return []
+    lines = [ANSI.sub("", line) for line in data.decode("utf-8", "replace").splitlines()]
+    if begin > start and lines:
+        lines = lines[1:]  # the first line was cut by the seek
+    lines = [line for line in lines if line.strip()]
+    return lines[-n:] if n > 0 else []
+
+
+class _LogFollower:
+    """Reads a log file's new complete lines as it grows: for the ready line and the last line shown in progress."""
+
+    def __init__(self, path: Path, start: int) -> None:
+        self.path, self.offset, self.partial, self.last = path, start, b"", ""
+
+    def new_lines(self) -> list[str]:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                data = f.read(4 * 1024 * 1024)
+        except OSError:
+            return []
+        self.offset += len(data)
+        chunks = (self.partial + data).replace(b"\r", b"\n").split(b"\n")
+        self.partial = chunks.pop()
+        lines = [ANSI.sub("", c.decode("utf-8", "replace")) for c in chunks]
+        lines = [line for line in lines if line.strip()]
+        if lines:
+            self.last = lines[-1]
+        return lines
+
+
+# ---------------------------------------------------------------------------------------------- stop on exit
+
+_live: dict[int, ManagedServer] = {}
+_registry_lock = threading.RLock()
+_previous_handlers: dict[int, Any] = {}
+_pinned = False  # install_signal_handlers() was called: keep the handlers when no server runs
+_atexit_installed = False
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+handle_signals = True  # set False where the embedding program owns SIGINT/SIGTERM (it must stop servers itself)
+
+
+def live_servers() -> list[ManagedServer]:
+    """The servers this process started and has not stopped yet."""
+    with _registry_lock:
+        return list(_live.values())
+
+
+def _register(server: ManagedServer) -> None:
+    global _atexit_installed
+    with _registry_lock:
+        _live[id(server)] = server
+        if not _atexit_installed:
+            atexit.register(stop_all)
+            _atexit_installed = True
+        _install_handlers()
+
+
+def _unregister(server: ManagedServer) -> None:
+    with _registry_lock:
+        _live.pop(id(server), None)
+        if not _live and not _pinned:
+            _restore_handlers()
+
+
+def install_signal_handlers() -> None:
+    """Install the SIGINT/SIGTERM handlers now, from the main thread, and keep them.
+
+    Servers launched from the main thread get them anyway; a program that launches servers from worker
+    threads (where signal handlers cannot be installed) calls this first, in its main thread.
+    """
+    global _pinned
+    if threading.current_thread() is not threading.main_thread():
+        raise PivotError("signal handlers can only be installed from the main thread")
+    with _registry_lock:
+        _pinned = True
+        _install_handlers()
+
+
+def _install_handlers() -> None:
+    if not handle_signals or _previous_handlers or threading.current_thread() is not threading.main_thread():
+        return
+    for sig in HANDLED_SIGNALS:
+        previous = signal.getsignal(sig)
+        if previous is signal.SIG_IGN:
+            continue  # whoever started pivot asked for this signal to be ignored
+        _previous_handlers[sig] = previous
+        signal.signal(sig, _on_signal)
+
+
+def _restore_handlers() -> None:
+    if not _previous_handlers or threading.current_thread() is not threading.main_thread():
+        return
+    for sig, previous in list(_previous_handlers.items()):
+        if signal.getsignal(sig) is _on_signal:
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        del _previous_handlers[sig]
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    """SIGINT or SIGTERM while servers run: stop them all (no ledger writes here), then do what the signal meant."""
+    previous = _previous_handlers.get(signum, signal.SIG_DFL)
+    servers = live_servers()
+    _restore_handlers()  # a second Ctrl-C while stopping interrupts the wait; atexit then finishes the job
+    _terminate(servers)
+    if callable(previous) and previous is not signal.default_int_handler:
+        previous(signum, frame)
+        return
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(128 + signum)
+
+
+def _terminate(servers: Sequence[ManagedServer]) -> None:
+    """SIGTERM every server's group at once, wait for the longest grace, SIGKILL what is left; the ledger is
+    written later by stop() (a signal may arrive in the middle of a ledger transaction)."""
+    running = [s for s in servers if s.started]
+    for s in running:
+        s._stopping = True
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(s.pgid, signal.SIGTERM)
+    deadline = time.monotonic() + max((s.stop_grace_s for s in running), default=0.0)
+    pending = list(running)
+    while pending and time.monotonic() < deadline:
+        pending = [s for s in pending if group_members(s.pgid, started_since=s.proc_start)]
+        if pending:
+            time.sleep(0.05)
+    for s in pending:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(s.pgid, signal.SIGKILL)
+
+
+def stop_all() -> None:
+    """Stop every server this process started, all at once (the atexit hook; also safe to call by hand)."""
+    servers = live_servers()
+    for server in servers:
+        server.poll()  # one that already exited on its own is recorded as crashed, not as stopped
+    _terminate(servers)
+    for server in servers:
+        try:
+            server.stop()
+        except Exception as e:  # at exit, the ledger may be closed already: the next Session.open records it
+            with contextlib.suppress(Exception):
+                os.write(2, f"pivot: while stopping server pid {server.pid}: {e}\n".encode())
+
+
+# ---------------------------------------------------------------------------------------------- one server
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now at `host`."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def url_for(host: str, port: int) -> str:
+    """The base URL a client uses for a server bound to host:port (a wildcard address is reached on loopback)."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class ManagedServer:
+    """One server process pivot started: its own process group, its log file, its ledger row, its readiness."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        log_path: Path,
+        base_url: str,
+        engine: str,
+        health_url: str | None = None,
+        host: str = "127.0.0.1",
+        env: Mapping[str, str] | None = None,
+        cwd: Path | str | None = None,
+        ready_line: str | None = READY_LINE,
+        stop_grace_s: float = DEFAULT_STOP_GRACE_S,
+        health_timeout_s: float = HEALTH_TIMEOUT_S,
+        ledger: LedgerLink | None = None,
+    ) -> None:
+        if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
+            raise PivotError(f"a server command must be a non-empty list of strings, got {argv!r}")
+        self.argv = list(argv)
+        self.log_path, self.base_url, self.engine, self.host = Path(log_path), base_url.rstrip("/"), engine, host
+        self.health_url = health_url if health_url is not None else self.base_url + "/health"
+        self.env = dict(env or {})
+        self.cwd = cwd
+        self.ready_line, self.stop_grace_s, self.health_timeout_s = ready_line, stop_grace_s, health_timeout_s
+        self.ledger = ledger
+        self.server_id: int | None = None
+        self.pid = self.pgid = -1
+        self.proc_start: str | None = None
+        self.ready = False
+        self.failure: str | None = None  # the classified reason it failed, once it has
+        self.failure_line: str | None = None
+        self.exit_code: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_start = 0
+        self._lock = threading.RLock()
+        self._stopping = False  # pivot is stopping it: its exit is not a crash
+        self._exit_recorded = False
+        self._stopped = False
+
+    @property
+    def started(self) -> bool:
+        return self._proc is not None
+
+    def start(self) -> None:
+        """Start the process in its own process group and session, log to log_path, record it in the ledger."""
+        if self._proc is not None:
+            raise PivotError("this server was started already")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        with self.log_path.open("ab") as log:
+            self._log_start = log.tell()
+            try:
+                self._proc = subprocess.Popen(
+                    self.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=self.cwd,
+                    start_new_session=True,
+                )
+            except FileNotFoundError as e:
+                raise PivotError(
+                    f"cannot launch {self.engine}: {self.argv[0]!r} was not found",
+                    hint="install it, or point the engine at it (python, prefix or command options)",
+                ) from e
+            except OSError as e:
+                raise PivotError(f"cannot launch {self.engine}: {self.argv[0]!r}: {e.strerror or e}") from e
+        self.pid = self.pgid = self._proc.pid  # start_new_session: it leads its own session and process group
+        self.proc_start = proc_start(self.pid)
+        _register(self)
+        if self.ledger is not None:
+            try:
+                record = self.ledger.store.add_server(
+                    m.ServerProcess(
+                        session_id=self.ledger.session_id,
+                        experiment_id=self.ledger.experiment_id,
+                        engine=self.engine,
+                        pid=self.pid,
+                        pgid=self.pgid,
+                        proc_start=self.proc_start,
+                        host=self.host,
+                        base_url=self.base_url,
+                        argv=self.argv,
+                        log_path=self.ledger.path(self.log_path),
+                    )
+                )
+            except BaseException:
+                self.stop(grace_s=2.0)
+                raise
+            self.server_id = record.id
+
+    def _record(self, status: m.ServerStatus, failure: str | None = None) -> None:
+        if self.ledger is not None and self.server_id is not None:
+            self.ledger.store.update_server(self.server_id, status=status, failure=failure)
+
+    # ---- state
+
+    def poll(self) -> int | None:
+        """The exit code once the process has exited (recording a crash when pivot did not stop it), else None."""
+        if self._proc is None:
+            return None
+        code = self._proc.poll()
+        if code is not None and not self._stopping and not self._exit_recorded:
+            with self._lock:
+                if not self._exit_recorded:
+                    self._record_crash(code)
+        return code
+
+    def alive(self) -> bool:
+        """Whether the server process is still running."""
+        return self._proc is not None and self.poll() is None
+
+    def _record_crash(self, code: int) -> None:
+        diagnosis = diagnose(self.log_tail(CLASSIFY_LINES))
+        self.failure, self.failure_line, self.exit_code = diagnosis.failure, diagnosis.line, code
+        self._exit_recorded = True
+        self._record("crashed", diagnosis.failure)
+
+    def log_tail(self, n: int = 50) -> list[str]:
+        """The last `n` lines this server wrote to its log."""
+        return read_tail(self.log_path, n, start=self._log_start)
+
+    def exit_text(self) -> str:
+        """How the process ended, in words: `exit code 1` or `killed by SIGKILL`."""
+        code = self.exit_code if self.exit_code is not None else (self._proc.returncode if self._proc else None)
+        if code is None:
+            return "still running"
+        if code < 0:
+            with contextlib.suppress(ValueError):
+                return f"killed by {signal.Signals(-code).name}"
+        return f"exit code {code}"
+
+    # ---- readiness
+
+    def _health(self, client: httpx.Client) -> int | None:
+        try:
+            return client.get(self.health_url).status_code
+        except httpx.HTTPError:
+            return None
+
+    def wait_ready(self, timeout_s: float, on_progress: ProgressCallback | None = None) -> None:
+        """Return once /health answers 200 and the ready line is logged; raise ServerStartError if it exits or times out.
+
+        A timed-out server is stopped (recorded as stopped, failure startup-timeout). When /health has answered
+        200 for READY_LINE_GRACE_S without the ready line (a log level that hides it), the server counts as ready.
+        """
+        if self._proc is None:
+            raise PivotError("the server was never started")
+        if self.ready and self.alive():
+            return
+        follower = _LogFollower(self.log_path, self._log_start)
+        ready_line = self.ready_line
+        line_seen = ready_line is None
+        t0 = time.monotonic()
+        next_progress = t0
+        healthy_since: float | None = None
+        timeout = httpx.Timeout(self.health_timeout_s, connect=min(self.health_timeout_s, 0.5))
+        with httpx.Client(timeout=timeout, trust_env=False) as client:
+            while True:
+                code = self.poll()
+                if code is not None:
+                    raise self._start_failure()
+                lines = follower.new_lines()
+                if ready_line is not None and not line_seen and any(ready_line in line for line in lines):
+                    line_seen = True
+                status = self._health(client)
+                now = time.monotonic()
+                if status == 200:
+                    healthy_since = healthy_since if healthy_since is not None else now
+                    if line_seen or now - healthy_since >= READY_LINE_GRACE_S:
+                        break
+                else:
+                    healthy_since = None
+                    if line_seen and status in (401, 403):  # ready, but /health wants the API key
+                        break
+                elapsed = now - t0
+                if elapsed >= timeout_s:
+                    raise self._timed_out(timeout_s)
+                if on_progress is not None and now >= next_progress:
+                    last = short_line(follower.last) if follower.last else "(nothing logged yet)"
+                    on_progress(f"starting, {elapsed:.0f} s: {last}")
+                    next_progress = now + PROGRESS_INTERVAL_S
+                time.sleep(max(0.0, min(POLL_S, timeout_s - elapsed)))
+        if self.poll() is not None:
+            raise self._start_failure()
+        self.ready = True
+        self._record("ready")
+        if on_progress is not None:
+            on_progress(f"ready after {time.monotonic() - t0:.1f} s at {self.base_url}")
+
+    def _start_failure(self) -> ServerStartError:
+        tail = self.log_tail(CLASSIFY_LINES)
+        why = f" ({short_line(self.failure_line)})" if self.failure_line else ""
+        return ServerStartError(
+            f"{self.engine} exited while starting ({self.exit_text()}): {self.failure}{why}",
+            failure=self.failure or UNKNOWN,
+            log_tail=tail,
+            log_path=self.log_path,
+            exit_code=self.exit_code,
+        )
+
+    def _timed_out(self, timeout_s: float) -> ServerStartError:
+        self.failure = "startup-timeout"
+        self.stop()
+        return ServerStartError(
+            f"{self.engine} was not ready after {timeout_s:g} s; it was stopped",
+            failure="startup-timeout",
+            log_tail=self.log_tail(CLASSIFY_LINES),
+            log_path=self.log_path,
+        )
+
+    # ---- stop
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """Stop the server and its whole process group (SIGTERM, then SIGKILL after the grace); safe to call twice."""
+        with self._lock:
+            if self._proc is None or self._stopped:
+                return
+            self.poll()  # an exit before this call is a crash, and is recorded as one
+            self._stopping = True
+            grace = self.stop_grace_s if grace_s is None else grace_s
+            stop_group(self.pgid, grace, started_since=self.proc_start, reap=self._proc.poll)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=5)
+            if self.exit_code is None:
+                self.exit_code = self._proc.returncode
+            self._stopped = True
+            if not self._exit_recorded:
+                self._exit_recorded = True
+                self._record("stopped", self.failure)
+        _unregister(self)
