@@ -69,6 +69,12 @@ class SessionRef:
     notices: list[str] = field(default_factory=list)
 
 
+# The "Best results" table: one row per concurrency level.
+BEST_HEADER = ["concurrency", "output tok/s", "total tok/s", "peak output tok/s", "mean TTFT ms", "mean TPOT ms",
+               "experiment", "config", "source"]  # fmt: skip
+BEST_ALIGN = ["r"] * 6 + ["l"] * 3
+
+
 def markdown() -> MarkdownIt:
     """The parser every document is checked and rendered with: CommonMark, tables on, raw HTML off."""
     return MarkdownIt("commonmark", {"html": False}).enable("table")
@@ -776,37 +782,17 @@ def render_status(ledger: Ledger, number: int, question: str | None, options: Se
                     ledger.sources.get(e.id or 0, ""),
                 ]
             )
-        header = [
-            "concurrency",
-            "output tok/s",
-            "total tok/s",
-            "peak output tok/s",
-            "mean TTFT ms",
-            "mean TPOT ms",
-            "experiment",
-            "config",
-            "source",
-        ]
-        out += [_table(header, rows, ["r", "r", "r", "r", "r", "r", "l", "l", "l"]), ""]
+        header = BEST_HEADER
+        out += [_table(header, rows, BEST_ALIGN), ""]
         out += [
             "Per level, the highest output tok/s among the configurations that stand (the baseline, adopted "
             "changes and imported runs); a level with failed requests does not count.",
             "",
         ]
     else:
-        header = [
-            "concurrency",
-            "output tok/s",
-            "total tok/s",
-            "peak output tok/s",
-            "mean TTFT ms",
-            "mean TPOT ms",
-            "experiment",
-            "config",
-            "source",
-        ]
+        header = BEST_HEADER
         rows = [[c, "", "", "", "", "", "none yet", "", ""] for c in w.concurrency]
-        out += [_table(header, rows, ["r", "r", "r", "r", "r", "r", "l", "l", "l"]), ""]
+        out += [_table(header, rows, BEST_ALIGN), ""]
         out += ["No level has completed requests yet; the levels are the plan's.", ""]
 
     # -- What was tried

@@ -18,6 +18,7 @@ from agent.errors import PivotError
 from agent.servers import pid_alive
 from agent.session import Deployment, Engine, Session, load_engine
 from agent.store import Store
+from tests.procs import gone
 from tools.engines.command import CommandEngine
 from tools.engines.http import HttpDeployment, launch_in_session
 from tools.engines.process import FlagsRefused, ServerStartError, live_servers
@@ -25,15 +26,6 @@ from tools.engines.sglang import SGLangEngine, sim_http_engine
 
 PY = sys.executable
 TIME_SCALE = 100.0
-
-
-def gone(pid: int, within_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if not pid_alive(pid, None):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def small_spec(*levels: int, **kw) -> m.BenchSpec:

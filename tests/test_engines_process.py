@@ -15,24 +15,15 @@ from pathlib import Path
 import pytest
 
 from agent import models as m
-from agent.servers import group_members, pid_alive, proc_start, reap_leftovers
+from agent.servers import group_members, proc_start, reap_leftovers
 from agent.session import Session
 from agent.store import Store
+from tests.procs import gone
 from tools.engines import process
 from tools.engines.process import LedgerLink, ManagedServer, ServerStartError, free_port
 
 PY = sys.executable
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def gone(pid: int, within_s: float = 5.0) -> bool:
-    """Whether `pid` has exited (a zombie counts as exited) within `within_s`."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if not pid_alive(pid, None):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def _session(store: Store, paths, small_plan) -> Session:

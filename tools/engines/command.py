@@ -15,11 +15,10 @@ from pathlib import Path
 
 from agent import models as m
 from agent.errors import PivotError
-from tools.engines.http import HttpDeployment
+from tools.engines.http import HttpDeployment, start_deployment
 from tools.engines.process import (
     DEFAULT_STOP_GRACE_S,
     LedgerLink,
-    ManagedServer,
     free_port,
     url_for,
 )
@@ -103,7 +102,7 @@ class CommandEngine:
     def launch(self, config: m.ServerConfig, log_path: Path, *, ledger: LedgerLink | None = None) -> HttpDeployment:
         """Start the command with `config`'s flags, logging to `log_path` (recorded in `ledger`); returns before ready."""
         argv, base_url = self.argv(config)
-        server = ManagedServer(
+        return start_deployment(
             argv,
             log_path=log_path,
             base_url=base_url,
@@ -115,11 +114,6 @@ class CommandEngine:
             ready_line=self.ready_line,
             stop_grace_s=self.stop_grace_s,
             ledger=ledger,
-        )
-        server.start()
-        return HttpDeployment(
-            server,
-            engine=self.name,
             backend=self.backend,
             endpoint=self.endpoint,
             model=self.model,

@@ -76,6 +76,27 @@ def read_telemetry(deployment: HttpDeployment) -> m.Telemetry:
         recorder.stop()
 
 
+def start_deployment(argv: list[str], *, log_path: Path, base_url: str, engine: str, health_url: str, host: str,
+                     env: dict[str, str], cwd: Path | str | None, ready_line: str | None, stop_grace_s: float,
+                     ledger: LedgerLink | None, **deployment: Any) -> HttpDeployment:  # fmt: skip
+    """Start `argv` as a ManagedServer (recorded in `ledger`) and wrap it: what every HTTP engine's launch() does."""
+    server = ManagedServer(
+        argv,
+        log_path=log_path,
+        base_url=base_url,
+        engine=engine,
+        health_url=health_url,
+        host=host,
+        env=env,
+        cwd=cwd,
+        ready_line=ready_line,
+        stop_grace_s=stop_grace_s,
+        ledger=ledger,
+    )
+    server.start()
+    return HttpDeployment(server, engine=engine, **deployment)
+
+
 class HttpDeployment:
     """A server launched as a process and spoken to over HTTP: what the sglang, sim-http and command engines return.
 

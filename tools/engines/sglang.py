@@ -21,14 +21,13 @@ from typing import Literal
 from agent import models as m
 from agent.errors import PivotError
 from tools.engines.catalog import Catalog, CatalogError, FlagSpec, audit, load_catalog
-from tools.engines.http import HttpDeployment
+from tools.engines.http import HttpDeployment, start_deployment
 from tools.engines.process import (
     DEFAULT_READY_TIMEOUT_S,
     DEFAULT_STOP_GRACE_S,
     READY_LINE,
     FlagsRefused,
     LedgerLink,
-    ManagedServer,
     free_port,
     url_for,
 )
@@ -164,7 +163,7 @@ class SGLangEngine:
                 ) from e
         argv, host, port = self.argv(config)
         base_url = url_for(host, port)
-        server = ManagedServer(
+        return start_deployment(
             argv,
             log_path=log_path,
             base_url=base_url,
@@ -176,11 +175,6 @@ class SGLangEngine:
             ready_line=READY_LINE,
             stop_grace_s=self.stop_grace_s,
             ledger=ledger,
-        )
-        server.start()
-        return HttpDeployment(
-            server,
-            engine=self.name,
             source=self.source,
             backend="sglang",
             warmup_pause_s=self.warmup_pause_s,
