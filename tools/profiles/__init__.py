@@ -11,7 +11,7 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agent.errors import PivotError
 
@@ -100,6 +100,12 @@ class ParamPart(_Profile):
     dtype: str
     kind: Literal["experts", "dense", "embedding"]
     replicated: bool = Field(default=False, description="Held whole on every TP rank.")
+    layers: Literal["all", "moe", "dense", "first", "last"] = Field(
+        default="all",
+        description="Where it lives: spread over all layers, over the MoE layers only (shared experts), over the "
+        "dense layers only (the dense MLP of the first non-MoE layers), or once, before the first layer "
+        "(embedding) or after the last (lm_head). Pipeline stages hold the share of their layers.",
+    )
 
     @property
     def bytes_per_param(self) -> float:
@@ -133,8 +139,35 @@ class ModelProfile(_Profile):
     kv_bytes_per_token: dict[str, float]
     parts: list[ParamPart]
 
+    @model_validator(mode="after")
+    def _layers_add_up(self) -> ModelProfile:
+        if self.moe_layers > self.layers:
+            raise ValueError(f"moe_layers ({self.moe_layers}) exceeds layers ({self.layers})")
+        return self
+
     def part(self, kind: str) -> list[ParamPart]:
         return [p for p in self.parts if p.kind == kind]
+
+    @property
+    def dense_layers(self) -> int:
+        """Layers without routed experts; they come first (DeepSeek's first_k_dense_replace, GLM-5 alike)."""
+        return self.layers - self.moe_layers
+
+    def moe_layers_in(self, start: int, end: int) -> int:
+        """MoE layers among layers [start, end)."""
+        return max(0, end - max(start, self.dense_layers))
+
+    def share_in(self, part: ParamPart, start: int, end: int) -> float:
+        """The share of a part that the pipeline stage holding layers [start, end) holds."""
+        if part.layers == "first":
+            return 1.0 if start == 0 else 0.0
+        if part.layers == "last":
+            return 1.0 if end == self.layers else 0.0
+        if part.layers == "moe":
+            return self.moe_layers_in(start, end) / self.moe_layers if self.moe_layers else 0.0
+        if part.layers == "dense" and self.dense_layers:
+            return (end - start - self.moe_layers_in(start, end)) / self.dense_layers
+        return (end - start) / self.layers
 
     @property
     def total_params(self) -> float:

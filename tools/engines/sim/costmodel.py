@@ -31,16 +31,23 @@ MoE layers, E routed experts, k experts per token, tp/pp/ep the parallel sizes. 
                                 graph's largest batch (or graphs are off): those steps launch every kernel
                                 from the host
   decode step (TP, pp = 1)      t = u(B)
-  PP (SGLang's event_loop_pp)   the running requests are split into n_mb = min(ceil(B / mb), pp) micro-batches
-                                of b = ceil(B / n_mb), mb = --pp-max-micro-batch-size (default max running
-                                requests // pp); each stage's scheduler takes the micro-batches in turn and
-                                each micro-batch passes through the pp stages in order, so every micro-batch
-                                advances one token per round of t = pp * u(b); SGLang turns the overlap
+  PP (SGLang's event_loop_pp)   stage r holds layers [start_r, end_r) as SGLang's get_pp_indices splits them
+                                (L // pp each, the last L % pp stages one more), and with them its share of
+                                every part (a part's `layers` says where it lives: the dense layers come first,
+                                the embedding sits on the first stage, the lm_head on the last), so the terms
+                                above use stage r's layer counts instead of L/pp. The running requests are
+                                split into n_mb = min(ceil(B / mb), pp) micro-batches of b = ceil(B / n_mb),
+                                mb = --pp-max-micro-batch-size (default max running requests // pp); each
+                                stage's scheduler takes the micro-batches in turn and each micro-batch passes
+                                through the stages in order, so every micro-batch advances one token per round
+                                of t = max(n_mb * max_r u_r(b), sum_r u_r(b)): the slowest stage paces a full
+                                pipeline, one micro-batch waits for every stage. SGLang turns the overlap
                                 scheduler off under PP, so host and GPU time add. Each GPU is busy
-                                n_mb * t_stage(b) of the round.
+                                n_mb * t_stage_r(b) of the round (the breakdown is the mean over stages).
   prefill step (T tokens)       the same terms with T rows, all experts hit, attention over the prompt,
-                                + [prefill_us_per_token] * T of per-token work outside the GEMM roofline
-                                (prefill attention and the DSA indexer, KV-page allocation), counted as attention
+                                + [prefill_us_per_token] * T * (stage's share of the layers) of per-token work
+                                outside the GEMM roofline (prefill attention and the DSA indexer, KV-page
+                                allocation), counted as attention; one chunk passes the stages in turn
 
 Power: idle + (TDP - idle) * [power_activity] * busy, where busy is the share of the step the
 tensor cores and memory are working (t_exp + t_dense + t_kv over the step time).
@@ -99,6 +106,29 @@ class StepCost:
         }
 
 
+def pp_layer_ranges(layers: int, pp: int) -> list[tuple[int, int]]:
+    """The layers [start, end) of each pipeline stage, as SGLang's get_pp_indices splits them by default:
+    layers // pp each, one more on each of the last layers % pp stages."""
+    base, extra = divmod(layers, pp)
+    out, start = [], 0
+    for rank in range(pp):
+        n = base + (1 if rank >= pp - extra else 0)
+        out.append((start, start + n))
+        start += n
+    return out
+
+
+@dataclass(frozen=True)
+class StageShape:
+    """What one pipeline stage holds: its layers, its MoE layers and its share of every dense part."""
+
+    layers: int
+    moe_layers: int
+    layer_share: float  # of all layers (KV, attention, per-token prefill work)
+    dense_shares: tuple[float, ...]  # per dense part, in CostModel._dense order
+    weight_bytes: float  # per GPU
+
+
 class CostModel:
     """Step times for one model on one kind of GPU with one parallel layout."""
 
@@ -115,23 +145,40 @@ class CostModel:
         self.bytes_per_expert = self.expert_bytes_total / n_experts
         self.kv_bytes = model.kv_bytes(par.kv_dtype)
         self._dense = model.part("dense")
+        self.stages = [self._shape(a, b) for a, b in pp_layer_ranges(model.layers, par.pp)]
+
+    def _shape(self, start: int, end: int) -> StageShape:
+        model, tp = self.model, self.par.tp
+        moe = model.moe_layers_in(start, end) if model.kind == "moe" else 0
+        weights = self.expert_bytes_total * moe / model.moe_layers / tp if model.moe_layers else 0.0
+        for p in model.parts:
+            if p.kind != "experts":
+                weights += p.params * p.bytes_per_param * model.share_in(p, start, end) / (1 if p.replicated else tp)
+        return StageShape(
+            layers=end - start,
+            moe_layers=moe,
+            layer_share=(end - start) / model.layers,
+            dense_shares=tuple(model.share_in(p, start, end) for p in self._dense),
+            weight_bytes=weights,
+        )
 
     # ---- memory
 
     def weight_bytes_per_gpu(self) -> float:
-        """Bytes of weights one GPU holds (what must fit beside the KV pool)."""
-        par = self.par
-        total = self.expert_bytes_total / (par.tp * par.pp) if self.model.kind == "moe" else 0.0
-        for p in self.model.parts:
-            if p.kind == "experts":
-                continue
-            shard = 1 if p.replicated else par.tp
-            total += p.params * p.bytes_per_param / (shard * par.pp)
-        return total
+        """Bytes of weights one GPU holds (what must fit beside the KV pool); the heaviest stage's under PP."""
+        return max(st.weight_bytes for st in self.stages)
 
-    def kv_bytes_per_token_per_gpu(self) -> float:
+    def kv_bytes_per_token_per_gpu(self, stage: StageShape | None = None) -> float:
+        """KV bytes one GPU holds per token: its stage's layers (the most any stage has, by default)."""
         shard = 1 if self.model.kv_replicated_across_tp else self.par.tp
-        return self.kv_bytes / (shard * self.par.pp)
+        share = stage.layer_share if stage else max(st.layer_share for st in self.stages)
+        return self.kv_bytes * share / shard
+
+    def kv_capacity_tokens(self, budget_bytes: float) -> int:
+        """Tokens the KV pool holds when `budget_bytes` per GPU must hold the weights and the pool: the
+        least over the stages, since every stage keeps the KV of every running token for its layers."""
+        return min(int(max(budget_bytes - st.weight_bytes, 0.0) / self.kv_bytes_per_token_per_gpu(st))
+                   for st in self.stages)  # fmt: skip
 
     # ---- GEMM efficiency
 
@@ -141,9 +188,8 @@ class CostModel:
 
     # ---- one stage of work for `rows` tokens
 
-    def _stage(self, rows: float, ctx_tokens: float, attn_flops: float) -> dict[str, float]:
+    def _stage(self, st: StageShape, rows: float, ctx_tokens: float, attn_flops: float) -> dict[str, float]:
         model, par, hw = self.model, self.par, self.hw
-        pp = par.pp
         out: dict[str, float] = {}
         busy = 0.0
         if model.kind == "moe" and rows > 0:
@@ -152,22 +198,24 @@ class CostModel:
             m = rows * k / hit
             shard = par.ep if par.ep > 1 else par.tp
             n = model.expert_ffn if par.ep > 1 else model.expert_ffn / par.tp
-            w_bytes = (model.moe_layers / pp) * hit * self.bytes_per_expert / shard
-            flops = rows * k * 2 * model.expert_params * (model.moe_layers / pp) / shard
+            w_bytes = st.moe_layers * hit * self.bytes_per_expert / shard
+            flops = rows * k * 2 * model.expert_params * st.moe_layers / shard
             t = max(w_bytes / self.bw, flops / (hw.peak_tflops(self.expert_dtype) * 1e12 * self.efficiency(m, n)))
             out["expert_gemm"] = t
             busy += t
         t_dense = 0.0
-        for p in self._dense:
+        for p, share in zip(self._dense, st.dense_shares, strict=True):
+            if rows <= 0 or share <= 0:
+                continue
             shard = 1 if p.replicated else par.tp
-            w_bytes = p.params * p.bytes_per_param / (shard * pp)
-            flops = rows * 2 * p.params / (shard * pp)
+            w_bytes = p.params * p.bytes_per_param * share / shard
+            flops = rows * 2 * p.params * share / shard
             eff = self.efficiency(rows, model.hidden_size / shard)
-            t_dense += max(w_bytes / self.bw, flops / (hw.peak_tflops(p.dtype) * 1e12 * eff)) if rows > 0 else 0.0
+            t_dense += max(w_bytes / self.bw, flops / (hw.peak_tflops(p.dtype) * 1e12 * eff))
         out["dense_gemm"] = t_dense
         busy += t_dense
-        kv_read = ctx_tokens * self.kv_bytes_per_token_per_gpu()
-        attn = attn_flops / (par.tp * pp)
+        kv_read = ctx_tokens * self.kv_bytes_per_token_per_gpu(st)
+        attn = attn_flops * st.layer_share / par.tp
         t_attn = max(kv_read / self.bw, attn / (hw.peak_tflops("bf16") * 1e12 * self.cal.gemm_efficiency_max))
         out["attention"] = t_attn
         busy += t_attn
@@ -178,36 +226,42 @@ class CostModel:
             payload = rows * model.hidden_size * 2
             call_lat = lat * (0.5 if par.mscclpp and payload < MSCCLPP_SMALL_BYTES else 1.0)
             per_call = call_lat + 2 * (par.tp - 1) / par.tp * payload / self.link_bw
-            t_comm += (model.layers / pp) * 2 * per_call
+            t_comm += st.layers * 2 * per_call
         if par.ep > 1 and model.kind == "moe":
             payload = rows * model.experts_per_token * model.hidden_size * 1.0
             per_layer = 2 * (lat + (par.ep - 1) / par.ep * payload / self.link_bw)
-            a2a = (model.moe_layers / pp) * per_layer
+            a2a = st.moe_layers * per_layer
             if par.single_batch_overlap:
                 a2a *= 0.5
             t_comm += a2a
-        if pp > 1:
+        if par.pp > 1:
             t_comm += lat + rows * model.hidden_size * 2 / self.link_bw
         out["communication"] = t_comm
         out["busy"] = busy
         return out
 
-    def _combine(self, stage: dict[str, float], host_s: float, eager_s: float, micro_batches: int = 1) -> StepCost:
-        """A round: `micro_batches` micro-batches each pass through the pp stages (pp = 1: one plain step)."""
-        pp = self.par.pp
-        stage_gpu = stage.get("expert_gemm", 0.0) + stage["dense_gemm"] + stage["attention"] + stage["communication"]
-        turn = max(host_s, stage_gpu) if self.par.overlap_schedule else host_s + stage_gpu
-        total = pp * turn + eager_s
-        gpu = micro_batches * stage_gpu  # what one GPU computes in the round
+    def _combine(
+        self, stages: list[dict[str, float]], host_s: float, eager_s: float, micro_batches: int = 1
+    ) -> StepCost:
+        """A round: `micro_batches` micro-batches each pass through the stages (one stage: one plain step)."""
+        gpu = [st.get("expert_gemm", 0.0) + st["dense_gemm"] + st["attention"] + st["communication"] for st in stages]
+        turns = [max(host_s, g) if self.par.overlap_schedule else host_s + g for g in gpu]
+        total = max(micro_batches * max(turns), sum(turns)) + eager_s
+        n = len(stages)
+
+        def mean(key: str) -> float:  # what one GPU computes in the round, averaged over the stages
+            return micro_batches * sum(st.get(key, 0.0) for st in stages) / n
+
+        computed = micro_batches * sum(gpu) / n
         return StepCost(
             total_s=total,
-            expert_gemm_s=micro_batches * stage.get("expert_gemm", 0.0),
-            dense_gemm_s=micro_batches * stage["dense_gemm"],
-            attention_s=micro_batches * stage["attention"],
-            communication_s=micro_batches * stage["communication"],
-            host_s=max(0.0, total - gpu - eager_s),  # time the GPU waited for the host (and for other stages)
+            expert_gemm_s=mean("expert_gemm"),
+            dense_gemm_s=mean("dense_gemm"),
+            attention_s=mean("attention"),
+            communication_s=mean("communication"),
+            host_s=max(0.0, total - computed - eager_s),  # time the GPU waited for the host (and for other stages)
             eager_s=eager_s,
-            busy_s=micro_batches * stage["busy"],
+            busy_s=mean("busy"),
         )
 
     def decode(self, batch: int, ctx_tokens: float) -> StepCost:
@@ -218,19 +272,22 @@ class CostModel:
             micro = min(-(-batch // par.pp_micro_batch), par.pp)
         rows = -(-batch // micro)
         attn_flops = ctx_tokens / micro * self.model.attention_flops_per_ctx_token
-        stage = self._stage(rows, ctx_tokens / micro, attn_flops)
+        stages = [self._stage(st, rows, ctx_tokens / micro, attn_flops) for st in self.stages]
         host = self.cal.host_ms_per_step * 1e-3 + self.cal.host_us_per_request * 1e-6 * rows
         eager = self.cal.eager_ms_per_step * 1e-3 if (not par.cuda_graph or rows > par.cuda_graph_max_bs) else 0.0
-        return self._combine(stage, host, eager, micro)
+        return self._combine(stages, host, eager, micro)
 
     def prefill(self, tokens: int, attn_pairs: float, requests: int) -> StepCost:
         """One prefill step over `tokens` prompt tokens; attn_pairs = sum of (token, earlier token) pairs."""
-        stage = self._stage(tokens, 0.0, attn_pairs * self.model.attention_flops_per_ctx_token)
-        per_token = self.cal.prefill_us_per_token * 1e-6 * tokens / self.par.pp
-        stage["attention"] += per_token
-        stage["busy"] += per_token
+        stages = []
+        for st in self.stages:
+            stage = self._stage(st, tokens, 0.0, attn_pairs * self.model.attention_flops_per_ctx_token)
+            per_token = self.cal.prefill_us_per_token * 1e-6 * tokens * st.layer_share
+            stage["attention"] += per_token
+            stage["busy"] += per_token
+            stages.append(stage)
         host = self.cal.host_ms_per_step * 1e-3 + self.cal.host_us_per_request * 1e-6 * requests
-        return self._combine(stage, host, 0.0)
+        return self._combine(stages, host, 0.0)
 
     def power_w(self, busy_share: float) -> float:
         """Mean power per GPU for a share of time the GPU was busy."""

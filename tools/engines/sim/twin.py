@@ -167,8 +167,8 @@ class Twin:
         cost = CostModel(model, hw, par)
         mem_frac = float(args.get("mem_fraction_static") or hw.auto_mem_fraction_static)
         weights_gib = cost.weight_bytes_per_gpu() / GIB
-        pool_gib = hw.memory_gib * mem_frac - weights_gib
-        kv_tokens = int(max(pool_gib, 0) * GIB / cost.kv_bytes_per_token_per_gpu())
+        pool_gib = hw.memory_gib * mem_frac - weights_gib  # on the stage with the most weights
+        kv_tokens = cost.kv_capacity_tokens(hw.memory_gib * mem_frac * GIB)
         if args.get("max_total_tokens"):
             kv_tokens = min(kv_tokens, int(args["max_total_tokens"]))
         for fault in hw.faults:
