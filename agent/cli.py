@@ -334,6 +334,20 @@ from agent.cli_reports import analyze, docs, import_cmd, summary  # noqa: E402
 for command in (summary, docs, analyze, import_cmd):
     cli.add_command(command)
 
+from agent.cli_microbench import microbench  # noqa: E402
+
+cli.add_command(microbench)
+
+
+from agent.cli_agent import demo, resume, run_cmd  # noqa: E402
+
+for command in (demo, run_cmd, resume):
+    cli.add_command(command)
+
+from agent.cli_chat import chat  # noqa: E402
+
+cli.add_command(chat)
+
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""

@@ -226,11 +226,18 @@ def serve(ctx, engine_name, option_pairs, session_ref, plan_ref, host, port, tim
 @click.option("--range-ratio", type=click.FloatRange(0.0, 1.0), help="bench_serving's --random-range-ratio (0.0).")
 @click.option("--num-prompts", type=click.IntRange(min=1), help="Prompts per level (default 2 x concurrency, >= 8).")
 @click.option("--seed", type=int, help="Workload seed (42).")
+@click.option(
+    "--disable-ignore-eos", is_flag=True, help="Let requests stop at EOS (strict OpenAI servers refuse ignore_eos)."
+)
 @click.option("--output-file", type=click.Path(dir_okay=False), help="Append one JSON line per level.")
+@click.option(
+    "--telemetry-file", type=click.Path(dir_okay=False), help="Append each level's GPU readings (JSON lines)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print only a JSON array of levels on stdout.")
 @click.pass_context
 def launch_bench(ctx, engine_name, option_pairs, session_ref, plan_ref, host, port, timeout_s, force, flags, levels,
-                 endpoint, input_len, output_len, range_ratio, num_prompts, seed, output_file, as_json) -> None:  # fmt: skip
+                 endpoint, input_len, output_len, range_ratio, num_prompts, seed, disable_ignore_eos, output_file,
+                 telemetry_file, as_json) -> None:  # fmt: skip
     """Launch a server with FLAGS (after --), benchmark it over concurrency levels, stop it.
 
     Example: pivot launch-bench --engine sim-http -o time_scale=20 --concurrency 1,64 -- --tp-size 8.
@@ -241,6 +248,7 @@ def launch_bench(ctx, engine_name, option_pairs, session_ref, plan_ref, host, po
     spec = _spec(
         concurrency=m.parse_levels(levels), endpoint=endpoint, random_input_len=input_len,
         random_output_len=output_len, random_range_ratio=range_ratio, num_prompts=num_prompts, seed=seed,
+        ignore_eos=False if disable_ignore_eos else None,
     )  # fmt: skip
     session, deployment, default_timeout = _launch(
         ctx, engine_name=engine_name, option_pairs=option_pairs, session_ref=session_ref, plan_ref=plan_ref,
@@ -257,6 +265,7 @@ def launch_bench(ctx, engine_name, option_pairs, session_ref, plan_ref, host, po
             else:
                 result = deployment.benchmark(spec, on_progress=lambda text: err.print(text))
         _report(result, as_json=as_json)
+        _report_telemetry(getattr(deployment, "level_telemetry", []), telemetry_file)
         if result.interrupted:
             err.print(f"interrupted: {len(result.levels)} of {len(spec.concurrency)} levels finished")
             sys.exit(EXIT_INTERRUPTED)
@@ -268,6 +277,22 @@ def launch_bench(ctx, engine_name, option_pairs, session_ref, plan_ref, host, po
     finally:
         deployment.stop()
         session.close()
+
+
+def _report_telemetry(levels: list[m.Telemetry], path: str | None) -> None:
+    """Each level's mean GPU power and energy on stderr; every reading as one JSON line per level in `path`."""
+    for t in levels:
+        if t.gpus:
+            power = " ".join(f"gpu{g.gpu} {g.power_w_mean or 0:,.0f} W (max {g.power_w_max or 0:,.0f})" for g in t.gpus)
+            energy = f", {t.energy_j:,.0f} J" if t.energy_j is not None else ""
+            per_j = f", {t.output_tokens_per_j:,.2f} tok/J" if t.output_tokens_per_j else ""
+            err.print(f"concurrency {t.max_concurrency} ({t.source}): {power}{energy}{per_j}")
+        elif t.error:
+            err.print(f"concurrency {t.max_concurrency}: no GPU readings ({t.error})")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            for t in levels:
+                f.write(t.model_dump_json() + "\n")
 
 
 @click.command("servers")

@@ -352,6 +352,24 @@ class BenchLevel(BaseModel):
     client_cpu_s: float | None = None
     warnings: list[str] = Field(default_factory=list)
 
+    @classmethod
+    def mean(cls, levels: Sequence[BenchLevel]) -> BenchLevel:
+        """The mean of runs of one level (reruns of an experiment): every float averaged, counts from the last run.
+        A run with failed requests is not averaged away: then the last run is returned as it is."""
+        if not levels:
+            raise ValueError("no level to average")
+        last = levels[-1]
+        if len(levels) == 1 or any(lv.failed > 0 for lv in levels):
+            return last
+        dumps = [lv.model_dump() for lv in levels]
+        data = dict(dumps[-1])
+        for key, value in dumps[-1].items():
+            if isinstance(value, float):
+                values = [d.get(key) for d in dumps]
+                if all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+                    data[key] = sum(values) / len(values)
+        return cls.model_validate(data)
+
 
 Source = Literal["measured", "simulated", "imported"]
 
@@ -480,7 +498,8 @@ class FlagIssue(_Model):
 # flag: a flag flip; config: a configuration change; workload: a different benchmark workload;
 # profile: a measurement (a profile of the best config) rather than a change; code: a change for the user to make.
 ItemKind = Literal["flag", "config", "workload", "profile", "code"]
-Verdict = Literal["baseline", "adopted", "no_gain", "regressed", "crashed", "ruled_out", "inconclusive"]
+# measured: a measurement that changes nothing (a profile of the best configuration), neither kept nor set aside.
+Verdict = Literal["baseline", "adopted", "no_gain", "regressed", "crashed", "ruled_out", "inconclusive", "measured"]
 
 
 class Target(_Model):
@@ -625,6 +644,7 @@ class Experiment(_Model):
     reason: str | None = Field(default=None, description="Why the verdict, with the measured numbers.")
     audit: list[FlagIssue] = Field(default_factory=list, description="The flag audit of `config` before launch.")
     failure: str | None = Field(default=None, description="Classified failure, e.g. oom, unrecognized-argument.")
+    failure_detail: str | None = Field(default=None, description="The log line or message that says why it failed.")
     log_path: str | None = None
     created_at: datetime = Field(default_factory=utcnow)
     started_at: datetime | None = None
@@ -694,6 +714,26 @@ class ServerProcess(_Model):
 SessionStatus = Literal["active", "waiting", "finished", "failed", "stopped"]
 
 
+class SessionSettings(_Model):
+    """How the agent works in one session: the method's thresholds and the engine's options, kept with the
+    session so that a resume judges and launches exactly as the run before it did."""
+
+    min_gain_pct: float = Field(
+        default=3.0,
+        ge=0,
+        description="A change is adopted only when its gain at the judged level beats this and the measured noise.",
+    )
+    reruns: int = Field(default=1, ge=0, description="Reruns of a change whose gain is inside the noise band.")
+    stall_after: int = Field(
+        default=3, ge=1, description="Stop at a pivot after this many measured changes in a row without gain."
+    )
+    seed: int = Field(default=0, description="Seeds the simulated engines' noise: experiment N draws seed + N.")
+    engine_options: dict[str, Any] = Field(
+        default_factory=dict, description="Options the engine is built with (no secrets: they are stored)."
+    )
+    request_limit: int = Field(default=400, ge=1, description="Model requests per run before pivot stops it.")
+
+
 class Session(_Model):
     """A session as the ledger keeps it: one plan worked on by one agent, resumable at any time.
 
@@ -705,6 +745,8 @@ class Session(_Model):
     plan: Plan
     engine: str
     model: str = Field(default="autopilot", description="The model string driving the agent; never a key.")
+    model_base_url: str | None = Field(default=None, description="An OpenAI-compatible server for the model.")
+    settings: SessionSettings = Field(default_factory=SessionSettings)
     status: SessionStatus = "active"
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)

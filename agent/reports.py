@@ -43,6 +43,7 @@ VERDICT_WORDS = {
     "crashed": "crashed",
     "ruled_out": "ruled out",
     "inconclusive": "inconclusive",
+    "measured": "measured (not a change)",
     None: "not judged",
 }
 CHANGE_FORMULA = "change = (after - before) / before x 100, per level"
@@ -247,12 +248,13 @@ class Ledger:
 
     record: m.Session
     experiments: list[m.Experiment]
-    levels: dict[int, dict[int, m.BenchLevel]]  # experiment -> concurrency -> its latest level
+    levels: dict[int, dict[int, m.BenchLevel]]  # experiment -> concurrency -> the mean of its runs (BenchLevel.mean)
     sources: dict[int, str]
     telemetry: dict[int, dict[int, m.Telemetry]]
     findings: list[m.Finding]
     documents: list[m.Document]
     pivots: list[m.Pivot]
+    runs: dict[int, int] = field(default_factory=dict)  # experiment -> benchmark runs (reruns average)
 
     @classmethod
     def read(cls, store: Store, session_id: str) -> Ledger:
@@ -261,14 +263,18 @@ class Ledger:
         levels: dict[int, dict[int, m.BenchLevel]] = {}
         sources: dict[int, str] = {}
         telemetry: dict[int, dict[int, m.Telemetry]] = {}
+        runs: dict[int, int] = {}
         for e in experiments:
             eid = e.id or 0
-            levels[eid] = {}
-            for result in store.bench_results(eid):
+            by_level: dict[int, list[m.BenchLevel]] = {}
+            results = store.bench_results(eid)
+            runs[eid] = len(results)
+            for result in results:
                 sources[eid] = result.source
                 for level in result.levels:
                     if level.max_concurrency is not None:
-                        levels[eid][level.max_concurrency] = level
+                        by_level.setdefault(level.max_concurrency, []).append(level)
+            levels[eid] = {c: m.BenchLevel.mean(lvs) for c, lvs in by_level.items()}
             telemetry[eid] = {t.max_concurrency: t for t in store.telemetry(eid) if t.max_concurrency is not None}
         return cls(
             record=record,
@@ -279,6 +285,7 @@ class Ledger:
             findings=store.findings(record.id),
             documents=store.documents(record.id),
             pivots=store.pivots(record.id),
+            runs=runs,
         )
 
     @property
@@ -725,7 +732,7 @@ def _effect_text(ledger: Ledger, e: m.Experiment) -> str:
         if not ok:
             return "no level completed"
         top = max(ok)
-        text = f"{_tok(ok[top].output_throughput)} output tok/s at {top}"
+        text = f"{_tok(ok[top].output_throughput)} output tok/s at {top}" + _runs_note(ledger, e)
         return text + (f"; requests failed at {', '.join(map(str, failed))}" if failed else "")
     before = ledger.ok_levels(base)
     common = sorted(set(before) & set(ok))
@@ -735,10 +742,16 @@ def _effect_text(ledger: Ledger, e: m.Experiment) -> str:
         pct = _change(before[c].output_throughput, ok[c].output_throughput)
         parts.append(
             f"{_signed(pct)} output tok/s at {c} ({_tok(before[c].output_throughput)} -> {_tok(ok[c].output_throughput)})"
+            + _runs_note(ledger, e)
         )
     if failed:
         parts.append(f"requests failed at {', '.join(map(str, failed))}")
     return "; ".join(parts) or "nothing comparable measured"
+
+
+def _runs_note(ledger: Ledger, e: m.Experiment) -> str:
+    n = ledger.runs.get(e.id or 0, 0)
+    return f", mean of {n} runs" if n > 1 else ""
 
 
 def render_status(ledger: Ledger, number: int, question: str | None, options: Sequence[str] | None) -> Summary:
@@ -937,6 +950,12 @@ def _rows(value: float | None) -> str:
     if value is None:
         return ""
     return f"{value:,.{2 if value < 1 else 1 if value < 10 else 0}f}"
+
+
+def latest_status_doc(documents: Sequence[m.Document]) -> m.Document | None:
+    """The newest status summary's markdown record (its HTML twin has the same number)."""
+    md = [d for d in documents if d.kind == "status" and d.path.endswith(".md")]
+    return max(md, key=lambda d: d.number or 0, default=None)
 
 
 def _latest_status(ledger: Ledger) -> int:

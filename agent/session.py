@@ -135,10 +135,21 @@ def load_engine(name: str, **options: Any) -> Engine:
 
 
 @dataclass
+class LiveServer:
+    """The server this process launched for an experiment and still holds (the agent keeps one at a time)."""
+
+    deployment: Deployment
+    experiment_id: int | None
+    config: m.ServerConfig
+    runs_at_start: int = 0  # benchmark runs its experiment had when this server started
+
+
+@dataclass
 class Session:
     """The live session handed to every tool: ledger, plan, target, engine, paths and an event sink.
 
-    Opening a session locks it for this process (see Store.acquire_session); close() releases it.
+    Opening a session locks it for this process (see Store.acquire_session); close() stops the server it holds
+    and releases the lock.
     """
 
     store: Store
@@ -147,6 +158,26 @@ class Session:
     engine: Engine | None = None
     events: EventSink = field(default=_discard)
     notices: list[str] = field(default_factory=list)
+    live: LiveServer | None = None
+
+    @property
+    def settings(self) -> m.SessionSettings:
+        return self.record.settings
+
+    def engine_for(self, seed: int) -> Engine:
+        """The session's engine, drawing its noise from `seed` when it has noise to draw (the simulated ones
+        have `with_seed`); built from the session's engine name and options when none was given."""
+        if self.engine is None:
+            self.engine = load_engine(self.record.engine, **self.settings.engine_options)
+        with_seed = getattr(self.engine, "with_seed", None)
+        return with_seed(seed) if callable(with_seed) else self.engine
+
+    def stop_live(self) -> LiveServer | None:
+        """Stop the server this process holds, if any; returns what was stopped."""
+        live, self.live = self.live, None
+        if live is not None:
+            live.deployment.stop()
+        return live
 
     @property
     def id(self) -> str:
@@ -179,6 +210,8 @@ class Session:
         name: str | None = None,
         engine_name: str | None = None,
         model: str = "autopilot",
+        model_base_url: str | None = None,
+        settings: m.SessionSettings | None = None,
         engine: Engine | None = None,
         events: EventSink = _discard,
     ) -> Session:
@@ -196,6 +229,8 @@ class Session:
             plan=plan,
             engine=engine_name or (engine.name if engine else plan.target.engine),
             model=model,
+            model_base_url=model_base_url,
+            settings=settings or m.SessionSettings(),
         )
         store.create_session(record)
         return cls.open(store, paths, record.id, engine=engine, events=events)
@@ -218,14 +253,24 @@ class Session:
         record = store.get_session(ref)
         notice = store.acquire_session(record.id)
         session = cls(store=store, record=record, paths=paths, engine=engine, events=events)
-        for text in ([notice] if notice else []) + reap_leftovers(store, record.id):
+        texts = ([notice] if notice else []) + reap_leftovers(store, record.id)
+        interrupted = store.mark_interrupted(record.id)
+        if interrupted:
+            ids = ", ".join(str(i) for i in interrupted)
+            texts.append(
+                f"experiment{'s' if len(interrupted) > 1 else ''} {ids} stopped before finishing (interrupted)"
+            )
+        for text in texts:
             session.notices.append(text)
             session.emit("warning", text)
         return session
 
     def close(self) -> None:
-        """Release this process's lock on the session."""
-        self.store.release_session(self.record.id)
+        """Stop the server this process holds and release this process's lock on the session."""
+        try:
+            self.stop_live()
+        finally:
+            self.store.release_session(self.record.id)
 
     def __enter__(self) -> Session:
         return self

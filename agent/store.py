@@ -317,17 +317,32 @@ def _m005_telemetry_tokens(db: Database) -> None:
     db["telemetry"].add_column("output_tokens_per_j", float)
 
 
+def _m006_session_settings(db: Database) -> None:
+    """The method's thresholds, the engine's options and the model's server, kept with each session; and the words
+    that say why an experiment's server failed, beside its class."""
+    db["sessions"].add_column("settings_json", str)
+    db["sessions"].add_column("model_base_url", str)
+    db["experiments"].add_column("failure_detail", str)
+
+
 MIGRATIONS: list[Migration] = [
     ("001_initial", _m001_initial),
     ("002_server_processes", _m002_server_processes),
     ("003_server_identity", _m003_server_identity),
     ("004_analysis", _m004_analysis),
     ("005_telemetry_tokens", _m005_telemetry_tokens),
+    ("006_session_settings", _m006_session_settings),
 ]
 
 
 # --------------------------------------------------------------------------------------------------
 # Helpers.
+
+
+def _fit(db: Database, table: str, row: dict[str, Any]) -> dict[str, Any]:
+    """`row` without the columns `table` lacks: a Store opened at an older migration (the migration tests) has fewer."""
+    columns = db[table].columns_dict
+    return {k: v for k, v in row.items() if k in columns}
 
 
 def _ts(value: datetime | None) -> str | None:
@@ -496,7 +511,7 @@ class Store:
         with self._write() as db:
             if db["sessions"].count_where("id = ?", [session.id]):
                 raise PivotError(f"a session with id {session.id!r} already exists")
-            db["sessions"].insert(self._session_row(session))
+            db["sessions"].insert(_fit(db, "sessions", self._session_row(session)))
         return session
 
     @staticmethod
@@ -508,6 +523,8 @@ class Store:
             "plan_json": s.plan.model_dump_json(),
             "engine": s.engine,
             "model": s.model,
+            "model_base_url": s.model_base_url,
+            "settings_json": s.settings.model_dump_json(),
             "status": s.status,
             "created_at": _ts(s.created_at),
             "updated_at": _ts(s.updated_at),
@@ -522,6 +539,8 @@ class Store:
                 plan=m.Plan.model_validate_json(row["plan_json"]),
                 engine=row["engine"],
                 model=row["model"],
+                model_base_url=row.get("model_base_url"),
+                settings=m.SessionSettings.model_validate_json(row.get("settings_json") or "{}"),
                 status=row["status"],
                 created_at=_dt(row["created_at"]),
                 updated_at=_dt(row["updated_at"]),
@@ -584,6 +603,13 @@ class Store:
                 )
             )
         return out
+
+    def set_session_model(self, session_id: str, model: str) -> None:
+        """Drive the session with another model string from now on (never a key)."""
+        with self._write() as db:
+            db.execute(
+                "update sessions set model = ?, updated_at = ? where id = ?", [model, _ts(m.utcnow()), session_id]
+            )
 
     def set_session_status(self, session_id: str, status: m.SessionStatus) -> None:
         with self._write() as db:
@@ -726,6 +752,7 @@ class Store:
             "reason": e.reason,
             "audit_json": json.dumps([issue.model_dump() for issue in e.audit]),
             "failure": e.failure,
+            "failure_detail": e.failure_detail,
             "log_path": e.log_path,
             "created_at": _ts(e.created_at),
             "started_at": _ts(e.started_at),
@@ -749,6 +776,7 @@ class Store:
             reason=row["reason"],
             audit=json.loads(row["audit_json"] or "[]"),
             failure=row["failure"],
+            failure_detail=row.get("failure_detail"),
             log_path=row["log_path"],
             created_at=_dt(row["created_at"]),
             started_at=_dt(row["started_at"]),
@@ -760,16 +788,30 @@ class Store:
         e = experiment.model_copy(update={"session_id": session_id, "id": None})
         with self._write() as db:
             table = db["experiments"]
-            table.insert(self._experiment_row(e))
+            table.insert(_fit(db, "experiments", self._experiment_row(e)))
             self._touch(db, session_id)
             return e.model_copy(update={"id": table.last_pk})
+
+    def mark_interrupted(self, session_id: str) -> list[int]:
+        """Experiments left `running` by a process that is gone become `interrupted` (call with the session's lock
+        held, which proves no live process runs them); returns their ids."""
+        with self._write() as db:
+            ids = [r["id"] for r in db.query(
+                "select id from experiments where session_id = ? and status = 'running' order by id", [session_id]
+            )]  # fmt: skip
+            if ids:
+                db.execute(
+                    "update experiments set status = 'interrupted' where session_id = ? and status = 'running'",
+                    [session_id],
+                )
+        return ids
 
     def update_experiment(self, experiment: m.Experiment) -> m.Experiment:
         """Write back a recorded experiment (status, verdict, reason, ...)."""
         if experiment.id is None or experiment.session_id is None:
             raise PivotError("only a recorded experiment (with id and session) can be updated")
         with self._write() as db:
-            db["experiments"].update(experiment.id, self._experiment_row(experiment))
+            db["experiments"].update(experiment.id, _fit(db, "experiments", self._experiment_row(experiment)))
             self._touch(db, experiment.session_id)
         return experiment
 

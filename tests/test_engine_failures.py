@@ -47,6 +47,9 @@ CASES = [
     ("compile-failure", ["triton.compiler.errors.CompilationError: at 12:4: def _fwd_kernel("]),
     ("compile-failure", ["torch._inductor.exc.InductorError: CalledProcessError: Command '['/usr/bin/gcc', ...]'"]),
     ("compile-failure", ["nvcc fatal   : Unsupported gpu architecture 'compute_120a'"]),
+    ("engine-not-installed", ["/venv/bin/python3: Error while finding module specification for "
+                              "'sglang.launch_server' (ModuleNotFoundError: No module named 'sglang')"]),
+    ("engine-not-installed", ["bash: sglang: command not found"]),
     (UNKNOWN, [TS + "Received sigquit from a child process. It usually means the child failed."]),
     (UNKNOWN, []),
 ]  # fmt: skip
@@ -85,7 +88,7 @@ def test_ansi_colours_and_timestamps_do_not_matter() -> None:
 def test_the_classes_are_the_ones_pivot_records() -> None:
     assert {r.failure for r in FAILURE_RULES} == {
         "oom", "cuda-error", "nccl-error", "unrecognized-argument", "ambiguous-argument", "argument-validation",
-        "compile-failure", "port-in-use", "model-not-found",
+        "compile-failure", "port-in-use", "model-not-found", "engine-not-installed",
     }  # fmt: skip
 
 

@@ -143,7 +143,8 @@ def test_request_bodies_follow_each_endpoint():
     assert json.loads(request_body("generate", "hi there", 7))["text"] == "hi there"
     comp = json.loads(request_body("completions", [1, 2], 5, model="m", ignore_eos=False))
     assert comp["prompt"] == [1, 2] and comp["max_tokens"] == 5 and comp["model"] == "m"
-    assert comp["ignore_eos"] is False and comp["stream"] and comp["stream_options"] == {"include_usage": True}
+    assert "ignore_eos" not in comp  # false is every server's default; strict OpenAI servers refuse the key
+    assert comp["stream"] and comp["stream_options"] == {"include_usage": True}
     chat = json.loads(request_body("chat", "hello", 5))
     assert chat["messages"] == [{"role": "user", "content": "hello"}] and "model" not in chat
     assert chat["max_completion_tokens"] == chat["max_tokens"] == 5
@@ -241,7 +242,7 @@ def test_bad_lines_fail_the_request_with_a_reason(line, reason):
 
 
 async def test_failures_are_counted_with_their_reasons_and_the_sweep_goes_on():
-    faults = {2: "500", 3: "stall", 4: "cut", 5: "malformed", 6: "nodone", 7: "drop"}
+    faults = {2: "500", 3: "stall", 4: "cut", 5: "malformed", 6: "nofinish", 7: "drop"}
     async with TimedServer(ttft_ms=2, itl_ms=1, faults=faults) as server:
         spec = BenchSpec(
             random_input_len=8,
@@ -260,11 +261,22 @@ async def test_failures_are_counted_with_their_reasons_and_the_sweep_goes_on():
         "timeout after 0.5 s": 1,
         "stream cut after 4 chunks": 1,
         "malformed SSE line": 1,
-        "stream ended without [DONE] after 8 chunks": 1,
+        "stream ended without [DONE] or a finish_reason after 8 chunks": 1,
         "server closed the connection without answering": 1,
     }
     assert first.total_output_tokens == 2 * 8  # failed requests add nothing
     assert second.completed == 8 and second.failed == 0 and not second.errors
+
+
+@pytest.mark.parametrize("endpoint", ["generate", "completions", "chat"])
+async def test_a_stream_that_ends_cleanly_at_a_finish_reason_without_done_counts(endpoint):
+    """transformers serve ends its streams after the chunk with finish_reason, without `data: [DONE]`."""
+    async with TimedServer(ttft_ms=2, itl_ms=1, faults={2: "nodone", 3: "nodone"}) as server:
+        spec = BenchSpec(endpoint=endpoint, random_input_len=8, random_output_len=8, random_range_ratio=1.0,
+                         concurrency=[2], num_prompts=4, warmup_requests=0)  # fmt: skip
+        result = await run_sweep(server.base_url, spec, warmup_pause_s=0)
+    (level,) = result.levels
+    assert level.completed == 4 and level.failed == 0 and level.total_output_tokens == 4 * 8
 
 
 async def test_an_unreachable_server_fails_fast_with_a_clear_message():

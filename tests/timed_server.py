@@ -9,7 +9,8 @@ more load than it can serve it streams as fast as it can, and `GET /stats` says 
 
 Faults on demand, by the arrival number of generation requests (1-based, warmup included):
 `500` (an HTTP 500), `stall` (headers, then silence), `cut` (the connection closes mid-stream),
-`nodone` (the stream ends cleanly without `[DONE]`), `malformed` (a `data:` line that is not JSON),
+`nodone` (the stream ends cleanly without `[DONE]`, as transformers serve ends its streams), `nofinish` (the
+same, and no chunk carries a finish_reason), `malformed` (a `data:` line that is not JSON),
 `drop` (the connection closes before any answer).
 
 It is one asyncio protocol with a hand-written HTTP/1.1 parser, so that it spends as little CPU
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-FAULTS = ("500", "stall", "cut", "nodone", "malformed", "drop")
+FAULTS = ("500", "stall", "cut", "nodone", "nofinish", "malformed", "drop")
 TOKEN_TEXT = " tok"  # what each generated token decodes to
 _TOKEN_BYTES = TOKEN_TEXT.encode()
 _MAX_HEADER_BYTES = 65536
@@ -258,7 +259,7 @@ class TimedServer:
                 stats.late_last_s += now - (s.arrived + self.ttft_s + (s.n - 1) * self.itl_s)
             if s.usage and s.endpoint != "generate":
                 out.append(self._usage(s))
-            if s.fault != "nodone":
+            if s.fault not in ("nodone", "nofinish"):
                 out.append(b"data: [DONE]\n\n")
             conn.write(b"".join(_chunk(piece) for piece in out) + b"0\r\n\r\n")
             stats.completed += 1
@@ -270,6 +271,7 @@ class TimedServer:
     # ------------------------------------------------------------------------------------ payloads
 
     def _event(self, s: _Stream, last: bool) -> bytes:
+        last = last and s.fault != "nofinish"
         if s.endpoint == "generate":
             s.cumulative += _TOKEN_BYTES
             finish = b'{"type":"length","length":%d}' % s.n if last else b"null"

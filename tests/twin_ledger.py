@@ -1,8 +1,9 @@
 """Ledgers for report and analysis tests: a plan's campaign run on the digital twin (SimEngine), in seconds.
 
-The agent loop is not here yet, so this does what it will do, simply: audit each item's flags, launch the
-twin, benchmark level by level with telemetry per level, and judge each change against the best so far
-(+-2% at the top level). Numbers are the twin's; nothing is written by hand.
+A fixed, minimal campaign, kept apart from the agent (agent/autopilot.py) on purpose so that the report and
+analysis tests do not move when the method does: audit each item's flags, launch the twin, benchmark once per
+experiment with telemetry per level, and judge each change against the best so far (+-2% at the top level).
+Numbers are the twin's; nothing is written by hand. tests/test_agent.py covers the agent's own campaigns.
 """
 
 from __future__ import annotations

@@ -19,8 +19,11 @@ concurrency, k experts per token out of E, tp/pp/ep the parallel sizes read from
                            M = c rows through a hidden x hidden/tp GEMM: AI = 2 M K N / (K N b_w + M K b_a + 2 M N)
   ridge point              peak TFLOPS of the weight dtype / memory bandwidth (FLOP/byte); AI below it: memory-bound
   roofline                 min(peak, AI x bandwidth)
-  achieved TFLOPS          the nearest recorded micro-benchmark (same device and dtype, rows within 2x), else the
-                           hardware profile's GEMM-efficiency fit: peak x eff_max x m/(m + m_half) x n/(n + n_half)
+  achieved TFLOPS          the nearest recorded micro-benchmark (same device and dtype, FP8 for FP4 weights on a GPU
+                           without FP4 units; rows within 2x, width within 4x; `pivot microbench`), else the
+                           hardware profile's GEMM-efficiency fit, as the twin models a GEMM: the lower of
+                           peak x eff_max x m/(m + m_half) x n/(n + n_half) and 2 m / b_w x BW_gemm(n), the rate its
+                           weights stream at (bandwidth x gemm_bandwidth_efficiency x n/(n + gemm_bandwidth_n_half))
   bytes per decode step    expert weights touched (E_hit = E (1 - (1 - k/E)^B) experts per MoE layer) + dense
                            weights + B x ctx x KV bytes per token, per GPU, times pp (the stages run in turn)
   bandwidth floor          bytes per decode step / peak memory bandwidth; each level's TPOT is compared with it
@@ -55,7 +58,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent import models as m
 from agent.errors import PivotError
 from agent.store import Store
-from tools.profiles import DTYPE_BYTES, HardwareProfile, ModelProfile, load_hardware, load_model, names
+from tools.profiles import DTYPE_BYTES, HardwareProfile, ModelProfile, load_hardware, model_for
 
 GB = 1e9
 GIB = float(1 << 30)
@@ -191,16 +194,7 @@ def layout(config: m.ServerConfig, server_info: dict | None = None) -> dict[str,
 
 
 def _model_profile(target: m.Target) -> ModelProfile:
-    if target.model_profile:
-        return load_model(target.model_profile)
-    for name in names("models"):
-        profile = load_model(name)
-        if profile.model_path == target.model:
-            return profile
-    raise PivotError(
-        f"no model profile for {target.model}",
-        hint="set target.model_profile in the plan to one of: " + ", ".join(names("models")),
-    )
+    return model_for(target.model_profile, target.model)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -281,20 +275,42 @@ class Roofline:
     # ---- achieved GEMM throughput
 
     def fit_tflops(self, dtype: str, m_rows: float, n: float) -> float:
+        """The twin's GEMM model (tools/engines/sim/costmodel.py) as TFLOPS: the lower of the compute side,
+        peak x eff(m, n), and the memory side, 2 m / weight bytes per parameter x BW_gemm(n)."""
         cal = self.hw.calibration
-        eff = cal.gemm_efficiency_max * m_rows / (m_rows + cal.gemm_m_half) * n / (n + cal.gemm_n_half)
-        return self.hw.peak_tflops(dtype) * eff
+        compute = self.hw.peak_tflops(dtype) * cal.gemm_efficiency(m_rows, n)
+        weight_bw = self.hw.memory_bandwidth_gbs * GB * cal.gemm_stream_efficiency(n)
+        return min(compute, 2 * m_rows / DTYPE_BYTES.get(dtype, 2.0) * weight_bw / 1e12)
 
     def achieved_tflops(self, dtype: str, m_rows: float, n: float) -> tuple[float, str]:
-        """Achieved TFLOPS of a GEMM with m rows and width n: a micro-benchmark when one is close, else the fit."""
+        """Achieved TFLOPS of a GEMM with m rows and width n: a micro-benchmark when one is close, else the fit.
+
+        Close: same dtype (FP8 ones stand in for FP4 weights on a GPU without FP4 units, which run them at the FP8
+        rate), rows within 2x and width within 4x; the nearest in rows and width wins, the faster on a tie.
+        """
+        measured = dtype
+        if dtype in ("nvfp4", "fp4") and "fp4" not in self.hw.dense_tflops:
+            measured = "fp8"
         close = [
             r
             for r in self.microbench
-            if r.dtype == dtype and r.m > 0 and 0.5 <= (r.rows_per_expert or r.m) / m_rows <= 2
+            if r.dtype == measured
+            and r.m > 0
+            and m_rows > 0
+            and 0.5 <= (r.rows_per_expert or r.m) / m_rows <= 2
+            and (n <= 0 or 0.25 <= r.n / n <= 4)
         ]
         if close:
-            best = min(close, key=lambda r: abs(math.log((r.rows_per_expert or r.m) / m_rows)))
-            return best.tflops, f"micro-benchmark #{best.id} ({best.m}x{best.n}x{best.k}, {best.backend or best.dtype})"
+
+            def distance(r: m.MicrobenchResult) -> tuple[float, float]:
+                d = abs(math.log((r.rows_per_expert or r.m) / m_rows)) + (abs(math.log(r.n / n)) if n > 0 else 0.0)
+                return (round(d, 9), -r.tflops)
+
+            best = min(close, key=distance)
+            what = best.backend or best.dtype
+            if measured != dtype:
+                what += f"; {measured} standing in for {dtype}"
+            return best.tflops, f"micro-benchmark #{best.id} ({best.m}x{best.n}x{best.k}, {what})"
         return self.fit_tflops(dtype, m_rows, n), "hardware profile's GEMM-efficiency fit"
 
     # ---- one decode step at B running requests
@@ -413,15 +429,15 @@ def _server_info(levels: list[m.BenchLevel]) -> dict | None:
 
 
 def _levels(store: Store, experiment_id: int) -> tuple[list[m.BenchLevel], str]:
-    """The experiment's levels (the latest run of each concurrency) and where they came from."""
-    by_c: dict[int, m.BenchLevel] = {}
+    """The experiment's levels (each concurrency's mean over the runs, as the reports show it) and their source."""
+    by_c: dict[int, list[m.BenchLevel]] = {}
     source = "measured"
     for result in store.bench_results(experiment_id):
         source = result.source
         for level in result.levels:
             if level.max_concurrency is not None:
-                by_c[level.max_concurrency] = level
-    return [by_c[c] for c in sorted(by_c)], source
+                by_c.setdefault(level.max_concurrency, []).append(level)
+    return [m.BenchLevel.mean(by_c[c]) for c in sorted(by_c)], source
 
 
 def _telemetry_by_level(store: Store, experiment_id: int) -> dict[int, m.Telemetry]:

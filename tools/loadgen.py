@@ -18,7 +18,9 @@ Endpoints and prompts:
   OpenAI endpoints ask for `stream_options.include_usage`, so output_len is the server's count;
   a server that sends no usage gets its chunks counted instead, and the level says so.
 As bench_serving does, a chunk counts once the (cumulative) text is non-empty, TTFT is the first
-such chunk, and E2E latency runs to the last line of the stream (`data: [DONE]`).
+such chunk, and E2E latency runs to the last line of the stream (`data: [DONE]`). A stream that ends cleanly
+without `[DONE]` counts when a chunk carried a `finish_reason` (transformers serve ends its streams so, and
+bench_serving accepts them); one with neither was cut short and fails.
 
 The client is `tools.httpstream` (asyncio protocols, not aiohttp or httpx: see there and
 benchmarks/client_ceiling.py for why): one pool of keep-alive connections per level, opened before
@@ -189,13 +191,10 @@ def request_body(
             text = prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
             body["messages"] = [{"role": "user", "content": text}]
             body["max_completion_tokens"] = output_len  # the current name; max_tokens for older servers
-        body.update(
-            max_tokens=output_len,
-            temperature=0.0,
-            ignore_eos=ignore_eos,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
+        body.update(max_tokens=output_len, temperature=0.0)
+        if ignore_eos:  # false is every server's default; strict OpenAI servers (transformers serve) refuse the key
+            body["ignore_eos"] = True
+        body.update(stream=True, stream_options={"include_usage": True})
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -227,6 +226,7 @@ class _SSE:
         "counted",
         "counters",
         "done",
+        "finished",
         "generate",
         "last_line_s",
         "output_len",
@@ -244,6 +244,7 @@ class _SSE:
         self.tokens = array("l")
         self.output_len: int | None = None
         self.done = False  # saw data: [DONE]
+        self.finished = False  # saw a finish_reason (transformers serve ends its streams there, without [DONE])
         self.last_line_s = 0.0
         self.counted = 0  # /generate: completion tokens already given to a chunk
         self.text_seen = False  # /generate: the cumulative text is non-empty
@@ -292,6 +293,8 @@ class _SSE:
             raise StreamError(f"server error: {_short(str(message), 60)}")
         if self.generate:
             meta = obj.get("meta_info") or {}
+            if meta.get("finish_reason"):
+                self.finished = True
             completion = meta.get("completion_tokens")
             if obj.get("text"):
                 self.text_seen = True
@@ -311,6 +314,8 @@ class _SSE:
         if not choices:
             return
         choice = choices[0]
+        if choice.get("finish_reason"):
+            self.finished = True
         if self.chat:
             delta = choice.get("delta") or {}
             content = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
@@ -358,8 +363,8 @@ async def send_request(
                 sse.end()
             except StreamError as e:
                 error = str(e)
-            if error is None and not sse.done:
-                error = f"stream ended without [DONE] after {len(sse.times)} chunks"
+            if error is None and not sse.done and not sse.finished:
+                error = f"stream ended without [DONE] or a finish_reason after {len(sse.times)} chunks"
     usage_seen = sse.generate or sse.output_len is not None
     if error is None:
         counters.done += 1

@@ -2,7 +2,7 @@
 
 The classes are the ones pivot records as an experiment's `failure`: oom, cuda-error, nccl-error,
 unrecognized-argument, ambiguous-argument, argument-validation, compile-failure, port-in-use, model-not-found,
-and unknown when no rule matches. The lines are SGLang's (and PyTorch's, NCCL's, Hugging Face's, argparse's) as
+engine-not-installed (the launch command cannot find SGLang), and unknown when no rule matches. The lines are SGLang's (and PyTorch's, NCCL's, Hugging Face's, argparse's) as
 they appear in a server log, and the twin's (`pivot sim serve`), which writes the same words.
 """
 
@@ -37,6 +37,13 @@ FAILURE_RULES: tuple[FailureRule, ...] = (
         _rx(r": error: (argument \S+|the following arguments are required|invalid choice|expected one argument)"),
     ),
     FailureRule("port-in-use", _rx(r"address already in use|\[errno 98\]|\bEADDRINUSE\b")),
+    FailureRule(
+        "engine-not-installed",
+        _rx(
+            r"No module named '?sglang|Error while finding module specification for 'sglang|"
+            r"\bsglang: (command )?not found|No such file or directory: '?sglang'?$"
+        ),
+    ),
     FailureRule(
         "oom",
         _rx(

@@ -12,6 +12,7 @@ classified from its log.
 
 from __future__ import annotations
 
+import copy
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
@@ -89,6 +90,17 @@ class SGLangEngine:
         self.ready_timeout_s, self.stop_grace_s, self.health_path = ready_timeout_s, stop_grace_s, health_path
         self.source, self.time_scale, self.warmup_pause_s = source, time_scale, warmup_pause_s
         self._catalog: Catalog | None = None
+
+    def with_seed(self, seed: int) -> SGLangEngine:
+        """A copy whose launch command draws its noise from `seed`, when the command takes one (the twin's
+        `sim serve`: the agent seeds each experiment on its own); a real SGLang has nothing to seed."""
+        if self.command is None or "--seed" not in self.command:
+            return self
+        out = copy.copy(self)
+        command = list(self.command)
+        command[command.index("--seed") + 1] = str(seed)
+        out.command = command
+        return out
 
     @property
     def catalog(self) -> Catalog:

@@ -40,12 +40,30 @@ class Calibration(_Profile):
     gemm_m_half: float = Field(gt=0, description="Rows per GEMM at which efficiency reaches half its maximum.")
     gemm_n_half: float = Field(gt=0, description="Output width at which efficiency reaches half its maximum.")
     gemm_efficiency_max: float = Field(gt=0, le=1, description="Best achieved / peak tensor throughput.")
+    gemm_bandwidth_efficiency: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Achieved / peak memory bandwidth of GEMM weight reads at full width; unset: bandwidth_efficiency.",
+    )
+    gemm_bandwidth_n_half: float = Field(
+        default=0.0, ge=0, description="Output width at which GEMM weight reads stream at half their rate; 0: none."
+    )
     allreduce_efficiency: float = Field(gt=0, le=1, description="Achieved / link bandwidth in collectives.")
     eager_ms_per_step: float = Field(ge=0, description="Launch overhead of a decode step run without CUDA graph.")
     prefill_us_per_token: float = Field(
         ge=0, description="Per-token prefill work outside the GEMM roofline (attention and indexer, KV pages)."
     )
     power_activity: float = Field(gt=0, le=1, description="Power above idle per unit of GPU activity.")
+
+    def gemm_efficiency(self, m: float, n: float) -> float:
+        """Achieved / peak tensor throughput of a GEMM with m rows and output width n (the compute side)."""
+        return self.gemm_efficiency_max * m / (m + self.gemm_m_half) * n / (n + self.gemm_n_half)
+
+    def gemm_stream_efficiency(self, n: float) -> float:
+        """Achieved / peak memory bandwidth of a GEMM's weight reads at output width n (the memory side)."""
+        base = self.bandwidth_efficiency if self.gemm_bandwidth_efficiency is None else self.gemm_bandwidth_efficiency
+        return base * n / (n + self.gemm_bandwidth_n_half) if self.gemm_bandwidth_n_half > 0 else base
 
 
 class Fault(_Profile):
@@ -116,6 +134,18 @@ class ParamPart(_Profile):
         return DTYPE_BYTES[self.dtype]
 
 
+class DenseGemm(_Profile):
+    """One linear layer of every layer of a model, at TP1: what the GEMM micro-benchmarks measure for dense models."""
+
+    name: str
+    n: int = Field(gt=0, description="Output width (TP1).")
+    k: int = Field(gt=0, description="Input width (TP1).")
+    split: Literal["n", "k"] = Field(
+        default="n",
+        description="What TP splits: n for column-parallel layers (qkv, gate/up), k for row-parallel (o, down).",
+    )
+
+
 class ModelProfile(_Profile):
     """One model: its parts and dtypes, shape, experts, and KV cache size per token."""
 
@@ -138,6 +168,9 @@ class ModelProfile(_Profile):
     default_page_size: int = Field(default=1, ge=1, description="KV page size SGLang picks when --page-size is unset.")
     kv_bytes_per_token: dict[str, float]
     parts: list[ParamPart]
+    dense_gemms: list[DenseGemm] = Field(
+        default_factory=list, description="The linear layers of one layer (TP1), for GEMM micro-benchmarks."
+    )
 
     @model_validator(mode="after")
     def _layers_add_up(self) -> ModelProfile:
@@ -223,6 +256,21 @@ def load_hardware(ref: str) -> HardwareProfile:
 def load_model(ref: str) -> ModelProfile:
     """A model profile by name (e.g. `glm-5-nvfp4`) or path."""
     return _load("models", ref, ModelProfile)  # type: ignore[return-value]
+
+
+def model_for(model_profile: str | None, model_path: str) -> ModelProfile:
+    """A target's model profile: `model_profile` when the plan names one, else the shipped profile that serves
+    `model_path`; a PivotError naming the profiles when there is none."""
+    if model_profile:
+        return load_model(model_profile)
+    for name in names("models"):
+        profile = load_model(name)
+        if profile.model_path == model_path:
+            return profile
+    raise PivotError(
+        f"no model profile for {model_path}",
+        hint="set target.model_profile in the plan to one of: " + ", ".join(names("models")),
+    )
 
 
 def names(kind: str) -> list[str]:

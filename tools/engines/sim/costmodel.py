@@ -10,9 +10,14 @@ MoE layers, E routed experts, k experts per token, tp/pp/ep the parallel sizes. 
   rows per hit expert           m = B * k / E_hit(B)
   expert width on one GPU       n = expert_ffn / tp under TP, expert_ffn under EP (whole experts)
   GEMM efficiency               eff(m, n) = [gemm_efficiency_max] * m/(m + [gemm_m_half]) * n/(n + [gemm_n_half])
+  GEMM weight reads             BW_gemm(n) = memory_bandwidth * [gemm_bandwidth_efficiency]
+                                             * n/(n + [gemm_bandwidth_n_half])
+                                (unset: [bandwidth_efficiency] and no width factor. GEMM kernels stream weights
+                                below a plain copy, and narrow ones below wide ones, on the memory side as on
+                                the compute side: see scripts/fit_h200_gemm.py for the H200's measurements)
   expert weight bytes           W_exp = (Lm/pp) * E_hit * bytes_per_expert / (tp, or ep under EP)
   expert FLOPs                  F_exp = B * k * 2 * params_per_expert * (Lm/pp) / (tp, or ep)
-  expert time                   t_exp = max(W_exp / BW, F_exp / (peak(dtype) * eff(m, n)))      (roofline)
+  expert time                   t_exp = max(W_exp / BW_gemm(n), F_exp / (peak(dtype) * eff(m, n)))   (roofline)
   dense parts (attention projections, shared expert, lm_head): the same roofline with m = B,
                                 n = hidden / tp, bytes / tp (whole on every rank if replicated)
   KV read                       t_kv = max(ctx_tokens * kv_bytes / (pp * s) / BW, attention FLOPs / (peak * eff_max)),
@@ -22,7 +27,7 @@ MoE layers, E routed experts, k experts per token, tp/pp/ep the parallel sizes. 
                                 (MSCCL++ halves lat for payloads under 1 MiB)
   EP all-to-all                 dispatch + combine per MoE layer, B * k * hidden bytes each way, (ep-1)/ep of it
                                 over the link; single-batch overlap hides half of it behind the expert GEMMs
-  where BW = memory_bandwidth * [bandwidth_efficiency].
+  where BW = memory_bandwidth * [bandwidth_efficiency] (KV and attention reads; GEMM weights use BW_gemm).
 
   GPU time of a stage           t_stage(b) = t_exp + t_dense + t_kv + t_ar + t_a2a     (for b rows)
   host time of a step           t_host(b) = [host_ms_per_step] + [host_us_per_request] * b
@@ -135,7 +140,7 @@ class CostModel:
     def __init__(self, model: ModelProfile, hw: HardwareProfile, par: Parallel) -> None:
         self.model, self.hw, self.par = model, hw, par
         cal = hw.calibration
-        self.bw = hw.memory_bandwidth_gbs * 1e9 * cal.bandwidth_efficiency
+        self.bw = hw.memory_bandwidth_gbs * 1e9 * cal.bandwidth_efficiency  # KV and attention reads
         self.link_bw = hw.interconnect.bandwidth_gbs * 1e9 * cal.allreduce_efficiency
         self.cal = cal
         experts = model.part("experts")
@@ -183,8 +188,12 @@ class CostModel:
     # ---- GEMM efficiency
 
     def efficiency(self, m: float, n: float) -> float:
-        cal = self.cal
-        return cal.gemm_efficiency_max * m / (m + cal.gemm_m_half) * n / (n + cal.gemm_n_half)
+        """eff(m, n): achieved / peak tensor throughput of a GEMM with m rows and output width n."""
+        return self.cal.gemm_efficiency(m, n)
+
+    def gemm_bw(self, n: float) -> float:
+        """BW_gemm(n): bytes/s at which a GEMM of output width n reads its weights."""
+        return self.hw.memory_bandwidth_gbs * 1e9 * self.cal.gemm_stream_efficiency(n)
 
     # ---- one stage of work for `rows` tokens
 
@@ -200,7 +209,9 @@ class CostModel:
             n = model.expert_ffn if par.ep > 1 else model.expert_ffn / par.tp
             w_bytes = st.moe_layers * hit * self.bytes_per_expert / shard
             flops = rows * k * 2 * model.expert_params * st.moe_layers / shard
-            t = max(w_bytes / self.bw, flops / (hw.peak_tflops(self.expert_dtype) * 1e12 * self.efficiency(m, n)))
+            t = max(
+                w_bytes / self.gemm_bw(n), flops / (hw.peak_tflops(self.expert_dtype) * 1e12 * self.efficiency(m, n))
+            )
             out["expert_gemm"] = t
             busy += t
         t_dense = 0.0
@@ -210,8 +221,10 @@ class CostModel:
             shard = 1 if p.replicated else par.tp
             w_bytes = p.params * p.bytes_per_param * share / shard
             flops = rows * 2 * p.params * share / shard
-            eff = self.efficiency(rows, model.hidden_size / shard)
-            t_dense += max(w_bytes / self.bw, flops / (hw.peak_tflops(p.dtype) * 1e12 * eff))
+            n = model.hidden_size / shard
+            t_dense += max(
+                w_bytes / self.gemm_bw(n), flops / (hw.peak_tflops(p.dtype) * 1e12 * self.efficiency(rows, n))
+            )
         out["dense_gemm"] = t_dense
         busy += t_dense
         kv_read = ctx_tokens * self.kv_bytes_per_token_per_gpu(st)

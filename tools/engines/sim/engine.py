@@ -8,6 +8,7 @@ from agent import models as m
 from agent.errors import PivotError
 from agent.session import ProgressCallback
 from tools.engines.catalog import CatalogError, audit, load_catalog
+from tools.engines.sim.scheduler import LevelSimulation
 from tools.engines.sim.twin import Twin, TwinStartupError
 
 VERSION = "0.5.23"
@@ -24,12 +25,15 @@ class SimLaunchError(PivotError):
 class SimDeployment:
     """A running twin: benchmarks answer in virtual time (seconds of CPU for minutes of GPU time)."""
 
-    def __init__(self, twin: Twin, log_path: Path, noise: float) -> None:
-        self.twin, self.log_path, self.noise = twin, log_path, noise
+    def __init__(self, twin: Twin, log_path: Path, noise: float, seed: int | None = None) -> None:
+        self.twin, self.log_path, self.noise, self.seed = twin, log_path, noise, seed
         self.base_url = f"sim://{twin.model.name}@{twin.gpus}x{twin.hw.name}"
         self._alive = True
         self._last: m.Telemetry | None = None
         self._lines: list[str] = []
+        self.level_telemetry: list[m.Telemetry] = []  # per level of the last benchmark(), as HttpDeployment has it
+        self.failure: str | None = None  # the crash class of a fault under load, once one happened
+        self._sims: list[LevelSimulation] = []
         self._log(twin.startup_line())
         self._log("The server is fired up and ready to roll!")
 
@@ -51,11 +55,14 @@ class SimDeployment:
     def benchmark(self, spec: m.BenchSpec, on_progress: ProgressCallback | None = None) -> m.BenchResult:
         """Simulate the sweep; a fault under load is logged, its level's requests fail, and the server is down."""
         result = m.BenchResult(spec=spec, engine="sim", source="simulated")
-        for level, sim in self.twin.predict(spec, noise=self.noise, down=not self._alive):
+        self.level_telemetry, self._sims = [], []
+        for level, sim in self.twin.predict(spec, noise=self.noise, down=not self._alive, seed=self.seed):
             result.levels.append(level)
             if not sim.records:  # the server was already down: nothing ran
                 continue
+            self._sims.append(sim)
             self._last = self.twin.telemetry(sim, level.max_concurrency or 0)
+            self.level_telemetry.append(self._last)
             self._log(
                 f"Decode batch, #running-req: {min(level.max_concurrency or 0, self.twin.limits.max_running_requests)}, "
                 f"token usage: {sim.max_token_usage:.2f}, gen throughput (token/s): {level.output_throughput:.2f}"
@@ -67,11 +74,30 @@ class SimDeployment:
             if sim.fault is not None:
                 self._log(sim.fault.log)
                 self._alive = False
+                self.failure = sim.fault.classify
         result.finished_at = m.utcnow()
         return result
 
     def telemetry(self) -> m.Telemetry:
         return self._last or m.Telemetry(source="simulated", gpus=[])
+
+    def profile_breakdown(self) -> dict[str, object]:
+        """The step-time breakdown of the last benchmark's top level, as the twin's /stop_profile answers it."""
+        if not self._sims:
+            raise PivotError("nothing has run on this server yet: benchmark it before profiling")
+        sim = max((s for s in self._sims if s.records), key=lambda s: len(s.records))
+        total = sum(sim.breakdown_s.values())
+        return {
+            "simulated": True,
+            "window_s": sim.wall_s,
+            "step_time_s": total,
+            "busy_s": sim.busy_s,
+            "prefill_steps": sim.prefill_steps,
+            "decode_steps": sim.decode_steps,
+            "breakdown": {
+                k: {"seconds": v, "share": v / total if total > 0 else 0.0} for k, v in sim.breakdown_s.items()
+            },
+        }
 
     def stop(self) -> None:
         self._alive = False
@@ -88,9 +114,15 @@ class SimEngine:
         hardware: str = "rtx-pro-6000-blackwell",
         gpus: int = 8,
         noise: float = 0.0,
+        seed: int | None = None,
         **_: object,
     ) -> None:
         self.model_profile, self.hardware, self.gpus, self.noise = model_profile, hardware, gpus, noise
+        self.seed = seed
+
+    def with_seed(self, seed: int) -> SimEngine:
+        """The same engine drawing its noise from `seed` (the agent seeds each experiment on its own)."""
+        return SimEngine(self.model_profile, self.hardware, self.gpus, self.noise, seed)
 
     def validate(self, config: m.ServerConfig) -> list[m.FlagIssue]:
         return audit(load_catalog("sglang", VERSION), config)
@@ -109,4 +141,4 @@ class SimEngine:
         except TwinStartupError as e:
             log_path.write_text(e.log + "\n", encoding="utf-8")
             raise SimLaunchError(f"the server did not start: {e.message}", e.classify, hint=e.log) from e
-        return SimDeployment(twin, log_path, self.noise)
+        return SimDeployment(twin, log_path, self.noise, self.seed)

@@ -300,9 +300,10 @@ class Twin:
         )
 
     def predict(
-        self, spec: m.BenchSpec, *, noise: float = 0.0, down: bool = False
+        self, spec: m.BenchSpec, *, noise: float = 0.0, down: bool = False, seed: int | None = None
     ) -> list[tuple[m.BenchLevel, LevelSimulation]]:
-        """Every level of `spec`; once the server is down (a fault under load, or `down`) later levels all fail."""
+        """Every level of `spec`; once the server is down (a fault under load, or `down`) later levels all fail.
+        `seed` draws the noise (default: the workload's seed); the workload itself always comes from the spec."""
         out = []
         for concurrency in spec.concurrency:
             if down:
@@ -316,7 +317,7 @@ class Twin:
                 )
                 out.append((level, sim))
                 continue
-            sim = self.simulate(spec, concurrency, noise=noise)
+            sim = self.simulate(spec, concurrency, noise=noise, seed=seed)
             out.append((self.level(spec, sim, concurrency), sim))
             down = sim.fault is not None
         return out

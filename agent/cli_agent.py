@@ -1,0 +1,284 @@
+"""`pivot demo`, `pivot run` and `pivot resume`: the agent loop from the command line.
+
+Progress goes to stderr while the agent works; the outcome (the pivot's question and how to answer it, or the
+final message) goes to stdout, or as JSON with --json. Nothing needs a terminal.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import click
+
+from agent import models as m
+from agent.cli_engines import _engine_options
+from agent.console import err, out, print_json
+from agent.errors import PivotError
+from agent.plans import load_plan
+from agent.session import Session
+
+DEMO_PLAN = "glm5-nvfp4-rtxpro6000x8"
+DEMO_NOISE = 0.015
+ENGINES = ("sim", "sim-http", "sglang", "command")
+SIMULATED = ("sim", "sim-http")
+
+
+class Progress:
+    """Events as one line each on stderr, with the seconds since the start."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.start = time.monotonic()
+        self.quiet = quiet
+
+    def __call__(self, event: m.Event) -> None:
+        if self.quiet and event.kind not in ("warning", "error"):
+            return
+        mark = {"tool_call": "->", "tool_result": "<-", "warning": "!!", "error": "!!", "message": "??"}.get(
+            event.kind, "  "
+        )
+        err.print(
+            f"[{time.monotonic() - self.start:6.1f}s] {mark} {event.message}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+def _default_model(model: str | None) -> str:
+    return model or os.environ.get("PIVOT_MODEL") or "autopilot"
+
+
+def _settings(
+    target: m.Target, engine: str, options: dict[str, Any], noise: float | None, method: dict[str, Any]
+) -> m.SessionSettings:
+    """The session's settings from the command line: the method's thresholds and the engine's options (the
+    simulated engines get the plan's model profile, hardware and GPU count unless told otherwise)."""
+    opts = dict(options)
+    if engine in SIMULATED:
+        if target.model_profile:
+            opts.setdefault("model_profile", target.model_profile)
+        opts.setdefault("hardware", target.hardware)
+        opts.setdefault("gpus", target.gpus)
+        if noise is not None:
+            opts.setdefault("noise", noise)
+    elif noise is not None:
+        raise PivotError("--noise applies to the simulated engines (sim, sim-http) only")
+    if engine == "sim-http":
+        opts.setdefault("time_scale", 100.0)
+        opts.setdefault("startup_s", 0.5)
+    for key in ("api_key", "token", "password", "secret"):
+        if any(key in k.lower() for k in opts):
+            raise PivotError("engine options are stored in the ledger: pass secrets through the environment")
+    return m.SessionSettings(
+        min_gain_pct=method["min_gain"],
+        reruns=method["reruns"],
+        stall_after=method["stall_after"],
+        seed=method["seed"],
+        request_limit=method["request_limit"],
+        engine_options=opts,
+    )
+
+
+def _start(
+    ctx: click.Context,
+    plan_ref: str,
+    *,
+    engine: str,
+    name: str | None,
+    settings: m.SessionSettings,
+    levels: str | None,
+    method: dict[str, Any],
+) -> None:
+    from agent import loop
+
+    home = ctx.obj
+    plan = load_plan(plan_ref)
+    if levels:
+        workload = plan.workload.model_copy(update={"concurrency": m.parse_levels(levels)})
+        plan = plan.model_copy(update={"workload": workload})
+    model_name = _default_model(method["model"])
+    session = Session.create(
+        home.store,
+        home.paths,
+        plan,
+        name=name or plan.name,
+        engine_name=engine,
+        model=model_name,
+        model_base_url=method["model_base_url"],
+        settings=settings,
+        events=Progress(method["quiet"]),
+    )
+    err.print(f"session {session.id}: plan {plan.name}, engine {engine}, model {model_name}", highlight=False)
+    with session:
+        loop.resolve_model(session)  # a missing key fails here, before anything runs
+        _install_signals()
+        outcome = loop.run(session)
+    _report(session, outcome, method["as_json"])
+
+
+def _install_signals() -> None:
+    from tools.engines.process import install_signal_handlers
+
+    install_signal_handlers()
+
+
+def _report(session: Session, outcome: Any, as_json: bool) -> None:
+    if as_json:
+        print_json(
+            {
+                "session": session.id,
+                "status": outcome.status,
+                "message": outcome.message,
+                "summary": outcome.summary_path,
+                "question": outcome.pivot.question if outcome.pivot else None,
+                "options": outcome.pivot.options if outcome.pivot else [],
+            }
+        )
+        return
+    if outcome.status == "pivot" and outcome.pivot is not None:
+        p = outcome.pivot
+        out.print(f"pivot: session {session.id} stopped at a pivot point.", highlight=False)
+        if outcome.summary_path:
+            out.print(f"summary: {session.paths.home / outcome.summary_path}", highlight=False)
+        out.print(f"question: {p.question}", highlight=False, soft_wrap=True)
+        for i, option in enumerate(p.options, start=1):
+            out.print(f"  {i}. {option}", highlight=False, soft_wrap=True)
+        out.print(
+            f"answer with: pivot resume {session.id} --answer 1   (a number, an item id, 'continue' or 'stop')",
+            highlight=False,
+        )
+        return
+    out.print(f"{outcome.status}: {outcome.message}", highlight=False, soft_wrap=True)
+    if outcome.status in ("stopped", "failed"):
+        raise SystemExit(1)
+
+
+def _method_options(f: Any) -> Any:
+    for decorator in reversed(
+        [
+            click.option(
+                "--model",
+                "model",
+                help="A pydantic-ai model string (anthropic:..., openai-chat:...), "
+                "or autopilot. Default: $PIVOT_MODEL, else autopilot.",
+            ),
+            click.option(
+                "--model-base-url", help="An OpenAI-compatible server for --model (its key: $PIVOT_MODEL_API_KEY)."
+            ),
+            click.option("--seed", type=int, default=0, show_default=True, help="Seeds the simulated engines' noise."),
+            click.option(
+                "--min-gain",
+                type=float,
+                default=3.0,
+                show_default=True,
+                help="Percent a change must gain (and beat the measured noise) to be adopted.",
+            ),
+            click.option("--reruns", type=int, default=1, show_default=True, help="Reruns of a gain inside the noise."),
+            click.option(
+                "--stall-after",
+                type=int,
+                default=3,
+                show_default=True,
+                help="Pivot after this many changes in a row without gain.",
+            ),
+            click.option(
+                "--request-limit",
+                type=int,
+                default=400,
+                show_default=True,
+                help="Model requests per run before pivot stops it (resume goes on).",
+            ),
+            click.option("--quiet", "-q", is_flag=True, help="No progress on stderr (warnings only)."),
+            click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON on stdout."),
+        ]
+    ):
+        f = decorator(f)
+    return f
+
+
+@click.command()
+@_method_options
+@click.pass_context
+def demo(ctx: click.Context, **method: Any) -> None:
+    """The seeds' campaign on the digital twin: GLM-5-NVFP4 on 8x RTX PRO 6000, the built-in autopilot, noise on.
+
+    Writes the improvement documents, measures the baseline and Tier 1, and stops at the first pivot with a status
+    summary and a question; `pivot resume SESSION --answer 1` goes on.
+    """
+    plan = load_plan(DEMO_PLAN)
+    settings = _settings(plan.target, "sim", {}, DEMO_NOISE, method)
+    _start(ctx, DEMO_PLAN, engine="sim", name="demo", settings=settings, levels=None, method=method)
+
+
+@click.command("run")
+@click.argument("plan_ref", metavar="PLAN")
+@click.option("--engine", type=click.Choice(ENGINES), default="sim", show_default=True)
+@click.option(
+    "-o",
+    "--engine-option",
+    "option_pairs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="An engine option, e.g. -o time_scale=200 (sim-http), -o prefix='docker exec box' (sglang).",
+)
+@click.option("--name", help="The session's name (default: the plan's).")
+@click.option("--noise", type=float, help="Simulated engines: run-to-run noise (e.g. 0.015). Default: none.")
+@click.option("--concurrency", "levels", help="Replace the plan's concurrency levels (e.g. 1,64,256: a shorter run).")
+@_method_options
+@click.pass_context
+def run_cmd(
+    ctx: click.Context,
+    plan_ref: str,
+    engine: str,
+    option_pairs: tuple[str, ...],
+    name: str | None,
+    noise: float | None,
+    levels: str | None,
+    **method: Any,
+) -> None:
+    """Start a session on PLAN (a file or a shipped plan's name) and run the agent until its first pivot."""
+    plan = load_plan(plan_ref)
+    settings = _settings(plan.target, engine, _engine_options(option_pairs, None, None), noise, method)
+    _start(ctx, plan_ref, engine=engine, name=name, settings=settings, levels=levels, method=method)
+
+
+@click.command()
+@click.argument("session_ref", metavar="SESSION")
+@click.option(
+    "--answer",
+    help="The answer to the open pivot (an option's number, an item id, 'continue', 'stop'), "
+    "or a message when none is open.",
+)
+@click.option("--model", help="Drive this run with another model (the session keeps it).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr (warnings only).")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON on stdout.")
+@click.pass_context
+def resume(
+    ctx: click.Context, session_ref: str, answer: str | None, model: str | None, quiet: bool, as_json: bool
+) -> None:
+    """Resume a session where it stopped: answer its pivot, or go on after a kill (leftover servers are stopped)."""
+    from agent import loop
+
+    home = ctx.obj
+    session = Session.open(home.store, home.paths, session_ref, events=Progress(quiet))
+    with session:
+        if model is not None and model != session.record.model:
+            home.store.set_session_model(session.id, model)
+            session.refresh()
+        if answer is None and session.record.status == "finished":
+            out.print(f"session {session.id} is finished; give --answer to go on (an item id to test it again).")
+            return
+        open_pivot = home.store.open_pivot(session.id)
+        if open_pivot is not None and answer is None:
+            _report(
+                session,
+                loop.RunOutcome("pivot", open_pivot.question, pivot=open_pivot, summary_path=open_pivot.summary_path),
+                as_json,
+            )
+            return
+        loop.resolve_model(session)
+        _install_signals()
+        outcome = loop.run(session, answer=answer)
+    _report(session, outcome, as_json)

@@ -1,0 +1,47 @@
+"""`pivot chat`: the terminal UI (agent/tui) on a session, a new demo session, or a picker of both."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from agent.errors import PivotError
+
+
+@click.command()
+@click.argument("session_ref", metavar="[SESSION]", required=False)
+@click.option(
+    "--demo", is_flag=True, help="Start the demo session (as `pivot demo` does) and run it to its first pivot."
+)
+@click.pass_context
+def chat(ctx: click.Context, session_ref: str | None, demo: bool) -> None:
+    """Chat with the agent of SESSION in a terminal UI: the conversation, the todo list and the experiments, the
+    server and GPU power while it runs, and its pivots as buttons.
+
+    Without SESSION, a picker lists the sessions (resume one) and the plans (start one on the sim engine, with
+    `pivot run PLAN`'s defaults). Keys: Escape cancels the running step (the server stops; the session can be
+    resumed), ctrl+r opens the latest status summary, ctrl+g goes on after a cancel, ctrl+t hides the side
+    panel, ctrl+q quits.
+    """
+    if session_ref and demo:
+        raise PivotError("give SESSION or --demo, not both")
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise PivotError(
+            "pivot chat needs a terminal", hint="`pivot demo`, `pivot run` and `pivot resume` work without one"
+        )
+    from agent.tui.app import PivotApp
+    from agent.tui.controller import ChatController
+    from tools.engines.process import install_signal_handlers
+
+    home = ctx.obj
+    controller = ChatController(home.paths, home.store)
+    try:
+        if demo:
+            controller.create("", demo=True)
+        elif session_ref:
+            controller.open(session_ref)
+        install_signal_handlers()  # servers launched from the agent's threads are stopped on SIGTERM too
+        PivotApp(controller, autorun=demo).run()
+    finally:
+        controller.close()

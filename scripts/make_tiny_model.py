@@ -1,0 +1,101 @@
+"""Create a small randomly initialized Llama model with a word-level tokenizer, offline, for a real-GPU smoke run.
+
+    python scripts/make_tiny_model.py DIR [--layers 8] [--hidden 1024]
+
+Nothing is downloaded: the tokenizer is built here (a whitespace word-level vocabulary of 32,000 entries, so
+the random token ids pivot's load generator sends by default stay inside it, with a small chat template),
+and the weights are random. The EOS row of the output layer is zeroed, so greedy decoding does not stop early
+(strict OpenAI servers such as `transformers serve` refuse `ignore_eos`). Needs torch, transformers and
+tokenizers (all on the H200 machines' image); `transformers serve --continuous-batching DIR` then serves it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+VOCAB = 32000
+SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|> {{ message['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+_WORDS = (
+    "the of and to a in is it you that he was for on are with as I his they be at one have this from or had by "
+    "hot word but what some we can out other were all there when up use your how said an each she which do their "
+    "time if will way about many then them write would like so these her long make thing see him two has look more "
+    "day could go come did number sound no most people my over know water than call first who may down side been "
+    "now find any new work part take get place made live where after back little only round man year came show "
+    "every good me give our under name very through just form sentence great think say help low line differ turn "
+    "cause much mean before move right boy old too same tell does set three want air well also play small end put "
+    "home read hand port large spell add even land here must big high such follow act why ask men change went light"
+)
+WORDS = _WORDS.split()
+
+
+def build_tokenizer(out: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab: dict[str, int] = {}
+    for token in [*SPECIALS, *WORDS]:
+        vocab.setdefault(token, len(vocab))
+    i = 0
+    while len(vocab) < VOCAB:
+        vocab.setdefault(f"w{i}", len(vocab))
+        i += 1
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins tokens with spaces
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+    return fast
+
+
+def build_model(out: Path, layers: int, hidden: int, eos_id: int) -> int:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        intermediate_size=int(hidden * 2.75) // 64 * 64,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=max(hidden // 256, 1),
+        max_position_embeddings=4096,
+        bos_token_id=1,
+        eos_token_id=eos_id,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    with torch.no_grad():
+        model.lm_head.weight[eos_id].zero_()
+    model.save_pretrained(out)
+    return sum(p.numel() for p in model.parameters())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dir", type=Path)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--tokenizer-only", action="store_true")
+    args = parser.parse_args()
+    args.dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(args.dir)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "the time of day"}], tokenize=False,
+                                         add_generation_prompt=True)  # fmt: skip
+    print(f"tokenizer: {len(tokenizer)} ids; chat prompt {text!r} -> {tokenizer(text)['input_ids']}")
+    if not args.tokenizer_only:
+        params = build_model(args.dir, args.layers, args.hidden, tokenizer.eos_token_id)
+        print(f"model: {params / 1e6:.0f}M parameters, bf16, random, in {args.dir}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,509 @@
+"""`pivot chat`: the textual app driven headless with Pilot, on the autopilot and the twin (no model requests).
+
+A chat message gets its reply; a pivot's button sends the agent on; the picker opens a session; Escape cancels a
+running step (the server stops, the ledger is as a resume finds it, and the session goes on). The main screen and a
+pivot are compared with SVG snapshots in tests/snapshots/ (tests/snapshot.py says how to rewrite them).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic_ai import ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelRequest, ToolReturnPart, UserPromptPart
+from pydantic_ai.models.function import FunctionModel
+from textual.pilot import Pilot
+from textual.widgets import Button, Markdown
+
+from agent import loop
+from agent import models as m
+from agent.session import Paths, Session
+from agent.store import Store
+from agent.tui import view
+from agent.tui.app import PivotApp
+from agent.tui.cancel import CancellableEngine, Canceller, StepCancelled
+from agent.tui.controller import ChatController, default_engine
+from agent.tui.screens import PickerScreen
+from tests.snapshot import assert_snapshot
+
+SIZE = (120, 40)
+FROZEN: Callable[[], float] = lambda: 0.0  # noqa: E731  (elapsed times in snapshots never move)
+
+PLAN = """
+name = "tui-test"
+title = "A dense model on one H200, for the TUI's tests"
+
+[target]
+model = "org/dense-8b"
+model_profile = "llama-3.3-70b-fp8"
+hardware = "h200"
+gpus = 1
+flags = "--tp-size 1"
+
+[workload]
+random_input_len = 256
+random_output_len = 128
+concurrency = [1, 32]
+
+[tiers]
+1 = "Flags"
+2 = "Config"
+
+[[items]]
+id = "01"
+tier = 1
+kind = "flag"
+title = "FP8 KV cache"
+flags = "--kv-cache-dtype fp8_e4m3"
+hypothesis = "Half the KV bytes."
+expected_impact = "+10% output tok/s at high concurrency"
+
+[[items]]
+id = "02"
+tier = 2
+kind = "config"
+title = "Smaller chunks"
+flags = "--chunked-prefill-size 2048"
+hypothesis = "Less prefill stall."
+expected_impact = "+2% output tok/s"
+"""
+
+
+@pytest.fixture
+def plan_file(tmp_path: Path) -> Path:
+    path = tmp_path / "tui-test.toml"
+    path.write_text(PLAN)
+    return path
+
+
+async def wait_for(pilot: Pilot, condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {condition}")
+        await pilot.pause(0.05)
+
+
+def log_text(app: PivotApp) -> list[str]:
+    """The chat log as text: Markdown sources and tool lines."""
+    out = []
+    for widget in app.query_one("#log").children:
+        if isinstance(widget, Markdown):
+            out.append(widget.source)
+        else:
+            out.append(str(getattr(widget, "content", "")))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- view
+
+
+def test_a_benchmark_is_one_line_with_its_levels_and_its_best():
+    report = {
+        "experiment_id": 1,
+        "run": 1,
+        "levels": [
+            {"concurrency": 1, "output_tok_s": 10.2, "failed": 0},
+            {"concurrency": 2048, "output_tok_s": 2095.4, "failed": 0},
+            {"concurrency": 512, "output_tok_s": 1120.0, "failed": 0},
+        ],
+    }
+    line = view.tool_line("run_benchmark", {}, report, done=True)
+    assert line == "run_benchmark 1..2048 -> best 2,095 tok/s at 2048 (exp 1 run 1)"
+    report["levels"][1]["failed"] = 3
+    report["failure"] = "oom"
+    assert "failed at 2048 (oom)" in view.tool_line("run_benchmark", {}, report, done=True)
+    assert view.tool_line("launch_server", {"baseline": True}) == "launch_server baseline ..."
+    assert view.tool_line("ask_user", {"question": "q?", "options": ["a"]}, "2", done=True) == "ask_user -> answer: 2"
+
+
+def test_history_pairs_each_call_with_its_result():
+    messages = [
+        ModelRequest(parts=[UserPromptPart("go")]),
+        ModelResponse(parts=[TextPart("On it."), ToolCallPart("stop_server", {}, tool_call_id="c1")]),
+        ModelRequest(parts=[ToolReturnPart("stop_server", {"running": False}, tool_call_id="c1")]),
+        ModelResponse(parts=[ToolCallPart("todo_read", {}, tool_call_id="c2")]),  # killed before its result
+    ]
+    entries = view.history_entries(messages)
+    assert [(e.kind, e.text) for e in entries] == [
+        ("user", "go"),
+        ("agent", "On it."),
+        ("tool", "stop_server -> no server running"),
+        ("tool", "todo_read ..."),
+    ]
+
+
+def test_sparkline_scales_to_the_limit():
+    assert view.sparkline([0, 300, 600], 600) == "▁▅█"
+    assert view.sparkline([]) == ""
+
+
+def test_a_cancelled_step_refuses_engine_calls_and_keeps_signatures():
+    canceller = Canceller()
+
+    class Dep:
+        base_url = "x://"
+        stopped = False
+
+        def benchmark(self, spec: Any, on_progress: Any = None, *, output_file: Path | None = None) -> str:
+            return "result"
+
+        def alive(self) -> bool:
+            return not self.stopped
+
+        def stop(self) -> None:
+            self.stopped = True
+
+    class Eng:
+        name = "fake"
+
+        def validate(self, config: Any) -> list[Any]:
+            return []
+
+        def launch(self, config: Any, log_path: Path, *, ledger: Any = None) -> Dep:
+            return Dep()
+
+    import inspect
+
+    engine = CancellableEngine(Eng(), canceller)
+    assert "ledger" in inspect.signature(engine.launch).parameters
+    dep = engine.launch(None, Path("log"))
+    assert "output_file" in inspect.signature(dep.benchmark).parameters
+    assert dep.benchmark(None) == "result"
+    assert canceller.cancel() == [dep]
+    with pytest.raises(StepCancelled):
+        dep.benchmark(None)
+    with pytest.raises(StepCancelled):
+        engine.launch(None, Path("log"))
+    dep.stop()  # stopping always goes through
+    assert dep.inner.stopped
+
+
+def test_pivot_chat_is_registered_and_needs_a_terminal():
+    from click.testing import CliRunner
+
+    from agent.cli import cli
+
+    result = CliRunner().invoke(cli, ["chat", "--help"])
+    assert result.exit_code == 0 and "picker" in result.output
+    result = CliRunner().invoke(cli, ["chat", "--demo"])  # CliRunner's stdin and stdout are not terminals
+    assert result.exit_code == 1 and "pivot chat needs a terminal" in result.output
+    result = CliRunner().invoke(cli, ["chat", "abc", "--demo"])
+    assert result.exit_code == 1 and "not both" in result.output
+
+
+def test_new_sessions_get_the_settings_of_pivot_run_and_pivot_demo(store: Store, paths: Paths, plan_file: Path):
+    from agent.plans import load_plan
+    from agent.tui.controller import run_settings
+
+    run = run_settings(load_plan(plan_file))
+    assert run.engine_options == {"model_profile": "llama-3.3-70b-fp8", "hardware": "h200", "gpus": 1}
+    assert (run.min_gain_pct, run.reruns, run.stall_after, run.seed) == (3.0, 1, 3, 0)
+    controller = ChatController(paths, store)
+    session = controller.create("", demo=True)
+    assert (session.record.name, session.record.engine, session.record.model) == ("demo", "sim", "autopilot")
+    assert session.settings.engine_options["noise"] == 0.015
+    controller.close()
+    assert store.session_lock(session.id) is None
+
+
+# ---------------------------------------------------------------------------------------------- chat
+
+
+def _echo(messages: list[Any], info: Any) -> ModelResponse:
+    prompts = [p.content for p in messages[-1].parts if isinstance(p, UserPromptPart)]
+    prompt = prompts[-1] if prompts else "(nothing)"
+    return ModelResponse(parts=[TextPart(f"You said: **{prompt}**. The ledger has 0 experiments.")])
+
+
+async def test_a_message_gets_the_agents_reply(store: Store, paths: Paths, plan_file: Path):
+    controller = ChatController(paths, store, model=FunctionModel(_echo))
+    controller.create(str(plan_file))
+    app = PivotApp(controller, clock=FROZEN)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.sessions_shown == 1)
+        await pilot.press(*"how is it going?", "enter")
+        await wait_for(pilot, lambda: app.steps_done == 1)
+        texts = log_text(app)
+        assert texts[-2:] == ["how is it going?", "You said: **how is it going?**. The ledger has 0 experiments."]
+        assert app.query_one("#prompt").value == ""
+    assert store.session_lock(controller_sid(store)) is None  # the app let go of the session when it closed
+
+
+def controller_sid(store: Store) -> str:
+    (summary,) = store.session_summaries()
+    return summary.id
+
+
+async def test_a_pivots_button_sends_the_agent_on(store: Store, paths: Paths, plan_file: Path):
+    controller = ChatController(paths, store)
+    controller.create(str(plan_file))
+    sid = controller.require().id
+    app = PivotApp(controller, autorun=True, clock=FROZEN)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.steps_done == 1)
+        first = store.open_pivot(sid)
+        assert first is not None and first.question.startswith("Tier 1 (Flags) done.")
+        buttons = list(app.query(Button).results(Button))
+        assert [str(b.label) for b in buttons] == [f"{i}. {o}" for i, o in enumerate(first.options, start=1)]
+        assert any("run_benchmark 1..32 -> best" in t for t in log_text(app))
+        assert "baseline" in [row.verdict for row in app.board.experiments]
+        await pilot.click("#option-1")
+        await wait_for(pilot, lambda: app.steps_done == 2)
+        assert store.pivots(sid)[0].answer == "1"
+        second = store.open_pivot(sid)
+        assert second is not None and second.id != first.id and second.question.startswith("Tier 2 (Config) done.")
+        assert any(row.item == "02" for row in app.board.experiments)  # the agent went on into tier 2
+        assert f"**Answer 1:** {first.options[0]}" in log_text(app)
+
+
+async def test_the_picker_opens_a_session(store: Store, paths: Paths, small_plan: m.Plan):
+    with Session.create(store, paths, small_plan, name="picked", engine_name="sim") as s:
+        store.replace_todos(s.id, [m.Todo(content="Measure the baseline", status="in_progress", priority="high")])
+        store.add_pivot(s.id, m.Pivot(question="Which way?", options=["continue", "stop"]))
+        sid = s.id
+    app = PivotApp(ChatController(paths, store), clock=FROZEN)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, PickerScreen))
+        await pilot.press("enter")  # the sessions table has the focus; its first row is the newest session
+        await wait_for(pilot, lambda: app.sessions_shown == 1)
+        assert app.controller.require().id == sid
+        assert store.session_lock(sid) is not None  # opened here, locked by this process
+        assert [(t.mark, t.content) for t in app.board.todos] == [("[>]", "Measure the baseline")]
+        assert [str(b.label) for b in app.query(Button).results(Button)] == ["1. continue", "2. stop"]
+        assert app.focused is not None and app.focused.id == "free-answer"
+    assert store.session_lock(sid) is None
+
+
+# ---------------------------------------------------------------------------------------------- cancel
+
+
+class SlowDeployment:
+    """A twin whose benchmark takes until `gate` is cleared or the server is stopped."""
+
+    def __init__(self, inner: Any, gate: threading.Event, started: threading.Event) -> None:
+        self.inner, self.gate, self.started = inner, gate, started
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def benchmark(self, spec: m.BenchSpec, on_progress: Any = None) -> m.BenchResult:
+        self.started.set()
+        deadline = time.monotonic() + 30
+        while self.gate.is_set() and self.inner.alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self.inner.benchmark(spec, on_progress)
+
+
+class SlowEngine:
+    name = "sim"
+
+    def __init__(self, inner: Any, gate: threading.Event, started: threading.Event, launched: list) -> None:
+        self.inner, self.gate, self.started, self.launched = inner, gate, started, launched
+
+    def with_seed(self, seed: int) -> SlowEngine:
+        return SlowEngine(self.inner.with_seed(seed), self.gate, self.started, self.launched)
+
+    def validate(self, config: m.ServerConfig) -> list[m.FlagIssue]:
+        return self.inner.validate(config)
+
+    def launch(self, config: m.ServerConfig, log_path: Path) -> SlowDeployment:
+        deployment = SlowDeployment(self.inner.launch(config, log_path), self.gate, self.started)
+        self.launched.append(deployment)
+        return deployment
+
+
+async def test_escape_cancels_a_benchmark_the_server_stops_and_the_session_goes_on(
+    store: Store, paths: Paths, plan_file: Path
+):
+    gate, started, launched = threading.Event(), threading.Event(), []
+    gate.set()
+    controller = ChatController(
+        paths, store, engine_factory=lambda record: SlowEngine(default_engine(record), gate, started, launched)
+    )
+    controller.create(str(plan_file))
+    sid = controller.require().id
+    app = PivotApp(controller, autorun=True, clock=FROZEN)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, started.is_set)  # the baseline's benchmark is running
+        live = controller.require().live
+        assert live is not None and app.running
+        eid = live.experiment_id
+        assert eid is not None
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.steps_done == 1)
+        assert not app.running and controller.require().live is None
+        assert [d.alive() for d in launched] == [False]  # the server is stopped
+        assert store.get_session(sid).status == "stopped"
+        assert store.get_experiment(eid).status == "interrupted"  # as a resume after Ctrl-C finds it
+        assert store.bench_results(eid) == []  # the benchmark cut short recorded nothing
+        assert "▸ run_benchmark -> cancelled" in log_text(app)
+        assert store.open_pivot(sid) is None
+        loop.load_history(controller.require())  # the history still parses
+
+        gate.clear()  # benchmarks are quick again: ctrl+g goes on to the first pivot
+        await pilot.press("ctrl+g")
+        await wait_for(pilot, lambda: app.steps_done == 2)
+        assert store.open_pivot(sid) is not None
+        assert store.bench_results(eid)  # the interrupted baseline was measured on resume
+        assert all(not d.alive() for d in launched)
+    assert store.session_lock(sid) is None
+
+
+@pytest.mark.slow
+async def test_escape_on_sim_http_stops_the_server_process(store: Store, paths: Paths, plan_file: Path):
+    from agent.plans import load_plan
+
+    plan = load_plan(plan_file)
+    t = plan.target
+    options = {"model_profile": t.model_profile, "hardware": t.hardware, "gpus": t.gpus, "startup_s": 0.5}
+    settings = m.SessionSettings(engine_options={**options, "time_scale": 0.5})  # a benchmark takes minutes
+    with Session.create(store, paths, plan, engine_name="sim-http", settings=settings) as s:
+        sid = s.id
+    controller = ChatController(paths, store)
+    controller.open(sid)
+    app = PivotApp(controller, clock=FROZEN)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.sessions_shown == 1)
+        await pilot.press("ctrl+g")
+        await wait_for(pilot, lambda: "benchmarking" in app.activity, timeout=60)
+        (server,) = store.servers(sid, running_only=True)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.steps_done == 1, timeout=60)
+        assert store.servers(sid, running_only=True) == []
+        assert not Path(f"/proc/{server.pid}").exists() or "zombie" in Path(f"/proc/{server.pid}/status").read_text()
+        assert store.get_session(sid).status == "stopped"
+
+
+# ---------------------------------------------------------------------------------------------- snapshots
+
+T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+
+
+def _level(concurrency: int, out_tok_s: float) -> m.BenchLevel:
+    lat = {
+        f"{s}_{k}_ms": 10.0 + i
+        for i, s in enumerate(("mean", "median", "std", "p90", "p95", "p99"))
+        for k in ("e2e_latency", "ttft", "tpot", "itl")
+    }
+    return m.BenchLevel(
+        backend="sglang",
+        dataset_name="random-ids",
+        max_concurrency=concurrency,
+        random_input_len=256,
+        random_output_len=128,
+        random_range_ratio=0.0,
+        duration=10.0,
+        completed=concurrency,
+        total_input_tokens=1000,
+        total_output_tokens=900,
+        request_throughput=3.0,
+        input_throughput=out_tok_s,
+        output_throughput=out_tok_s,
+        total_throughput=out_tok_s * 2,
+        concurrency=concurrency * 0.9,
+        max_output_tokens_per_s=out_tok_s * 2,
+        **lat,
+    )
+
+
+def _ledger(store: Store, paths: Paths, plan_file: Path, monkeypatch: pytest.MonkeyPatch, *, pivot: bool) -> str:
+    """A session written by hand (no twin, no autopilot), so the snapshots change only when the TUI does."""
+    from agent.plans import load_plan
+
+    monkeypatch.setattr("agent.session.new_session_id", lambda: "snap01")
+    plan = load_plan(plan_file)
+    with Session.create(store, paths, plan, name="snapshot", engine_name="sim") as s:
+        sid = s.id
+    todos = [
+        m.Todo(content="Measure the baseline", status="completed", priority="high"),
+        m.Todo(content="01 FP8 KV cache", status="completed", priority="high", plan_item="01"),
+        m.Todo(content="02 Smaller chunks", status="pending", priority="medium", plan_item="02"),
+    ]
+    store.replace_todos(sid, todos)
+
+    def measured(e: m.Experiment, low: float, high: float, verdict: m.Verdict) -> m.Experiment:
+        e = store.add_experiment(sid, e)
+        result = m.BenchResult(spec=plan.workload, engine="sim", source="simulated", started_at=T0)
+        result.levels = [_level(1, low), _level(32, high)]
+        store.add_bench_result(e.id or 0, result)
+        return store.update_experiment(e.model_copy(update={"status": "finished", "verdict": verdict}))
+
+    base_config = plan.target.base_config()
+    base = measured(
+        m.Experiment(kind="baseline", title="baseline", config=base_config, workload=plan.workload),
+        9.8,
+        620.0,
+        "baseline",
+    )
+    change = measured(
+        m.Experiment(
+            kind="change",
+            plan_item="01",
+            title="FP8 KV cache",
+            config=m.ServerConfig.parse(f"{base_config} --kv-cache-dtype fp8_e4m3"),
+            base_experiment_id=base.id,
+            workload=plan.workload,
+        ),
+        9.9,
+        700.0,
+        "adopted",
+    )
+    report = {
+        "experiment_id": change.id,
+        "run": 1,
+        "levels": [
+            {"concurrency": 1, "output_tok_s": 9.9, "failed": 0},
+            {"concurrency": 32, "output_tok_s": 700.0, "failed": 0},
+        ],
+    }
+    messages = [
+        ModelRequest(parts=[UserPromptPart("Work through the plan with the method.")]),
+        ModelResponse(parts=[ToolCallPart("launch_server", {"plan_item": "01"}, tool_call_id="c1")]),
+        ModelRequest(
+            parts=[ToolReturnPart("launch_server", {"experiment_id": change.id, "status": "ready"}, tool_call_id="c1")]
+        ),
+        ModelResponse(parts=[ToolCallPart("run_benchmark", {}, tool_call_id="c2")]),
+        ModelRequest(parts=[ToolReturnPart("run_benchmark", report, tool_call_id="c2")]),
+        ModelResponse(parts=[TextPart("Experiment 2 (**FP8 KV cache**) is adopted: +12.9% output tok/s at 32.")]),
+    ]
+    store.append_messages(sid, [ModelMessagesTypeAdapter.dump_json([x]).decode()[1:-1] for x in messages])
+    if pivot:
+        store.add_pivot(
+            sid,
+            m.Pivot(
+                question="Tier 1 (Flags) done. Best so far: 700 output tok/s at concurrency 32 (experiment 2). Which way next?",
+                options=[
+                    "continue: Tier 2 (Config): 02 Smaller chunks",
+                    "stop: write the final summary and end the campaign",
+                ],
+                summary_path="docs_out/snap01/status-001.md",
+            ),
+        )
+    return sid
+
+
+async def _snapshot(store: Store, paths: Paths, sid: str, name: str) -> None:
+    controller = ChatController(paths, store)
+    controller.open(sid)
+    app = PivotApp(controller, clock=FROZEN)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.sessions_shown == 1)
+        await pilot.pause(0.3)  # the first board refresh and the log's flush
+        assert_snapshot(app, name)
+
+
+async def test_snapshot_of_the_main_screen(store, paths, plan_file, monkeypatch):
+    sid = _ledger(store, paths, plan_file, monkeypatch, pivot=False)
+    await _snapshot(store, paths, sid, "main")
+
+
+async def test_snapshot_of_a_pivot(store, paths, plan_file, monkeypatch):
+    sid = _ledger(store, paths, plan_file, monkeypatch, pivot=True)
+    await _snapshot(store, paths, sid, "pivot")

@@ -1,0 +1,214 @@
+"""The bench toolset: a benchmark sweep of the running server, GPU power, the server's metrics, and a profile.
+
+run_benchmark records every level (bench_serving's keys) with the GPU telemetry sampled during it, adds a run to
+the server's experiment, and answers with a compact table and the method's comparison against the experiment's
+base (tools/method.py), so the verdict that follows rests on numbers the ledger holds.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from pydantic import BaseModel, Field
+from pydantic_ai import FunctionToolset, ModelRetry, RunContext
+
+from agent import models as m
+from agent.errors import PivotError
+from agent.session import LiveServer, Session
+from tools.method import Judgement, Method
+
+toolset: FunctionToolset[Session] = FunctionToolset(id="bench", max_retries=3)
+
+
+class LevelRow(BaseModel):
+    """One concurrency level, compactly."""
+
+    concurrency: int
+    completed: int
+    failed: int
+    output_tok_s: float
+    total_tok_s: float
+    peak_output_tok_s: float
+    mean_ttft_ms: float
+    mean_tpot_ms: float
+    mean_itl_ms: float
+    gpu_power_w: float | None = Field(default=None, description="Mean power per GPU during the level.")
+
+
+class BenchReport(BaseModel):
+    """A finished sweep: its levels, whether the server survived, and how it compares with its base."""
+
+    experiment_id: int
+    run: int = Field(description="Which run of this experiment this was (a rerun adds one).")
+    source: str = Field(description="measured (real GPUs) or simulated (the twin).")
+    levels: list[LevelRow]
+    server_alive: bool
+    failure: str | None = Field(default=None, description="Classified reason when requests failed.")
+    errors: list[str] = Field(default_factory=list, description="A few distinct request errors.")
+    judgement: Judgement
+
+
+def _live(session: Session) -> LiveServer:
+    if session.live is None:
+        raise ModelRetry("no server is running: launch_server first")
+    return session.live
+
+
+def _power(t: m.Telemetry | None) -> float | None:
+    if t is None:
+        return None
+    watts = [g.power_w_mean for g in t.gpus if g.power_w_mean is not None]
+    return round(sum(watts) / len(watts), 1) if watts else None
+
+
+@toolset.tool
+def run_benchmark(ctx: RunContext[Session], concurrency: list[int] | None = None) -> BenchReport:
+    """Benchmark the running server across concurrency levels with the experiment's workload.
+
+    Leave `concurrency` empty to run the workload's levels (every comparison must use the same ones). Each level
+    reports output, total and peak output tok/s, TTFT, TPOT and ITL with sglang.bench_serving's definitions, and
+    mean GPU power. If the server dies under load, the level running then and every later one count as failed
+    and `failure` says why (oom, cuda-error, ...). `judgement` compares the experiment with its base on the judged
+    level and gives the method's suggested verdict; `rerun` means the gain is inside the noise: relaunch the same
+    experiment (launch_server with experiment_id) and benchmark it again before judging.
+    """
+    session = ctx.deps
+    store = session.store
+    live = _live(session)
+    if live.experiment_id is None:
+        raise ModelRetry("the running server belongs to no experiment: launch it with launch_server")
+    e = store.get_experiment(live.experiment_id)
+    spec = e.workload
+    if concurrency:
+        if any(c < 1 for c in concurrency):
+            raise ModelRetry("concurrency levels are positive integers, e.g. [1, 64, 256]")
+        spec = spec.model_copy(update={"concurrency": sorted(set(concurrency))})
+    runs = len(store.bench_results(e.id or 0))
+    dep = live.deployment
+    kwargs: dict[str, Any] = {}
+    if "output_file" in inspect.signature(dep.benchmark).parameters:
+        raw = session.paths.raw_dir(session.id)
+        raw.mkdir(parents=True, exist_ok=True)
+        kwargs["output_file"] = raw / f"exp{e.id:03d}-run{runs + 1}.jsonl"
+    session.emit("progress", f"experiment {e.id}: benchmarking levels {', '.join(map(str, spec.concurrency))}")
+    result = dep.benchmark(spec, lambda line: session.emit("progress", f"experiment {e.id}: {line}"), **kwargs)
+    if result.interrupted or session.live is not live:  # cut short (Ctrl-C, a cancel): a broken run is not a crash
+        store.update_experiment(e.model_copy(update={"status": "interrupted"}))
+        raise PivotError(
+            f"the benchmark of experiment {e.id} was cut short before it finished; nothing was recorded",
+            hint="resume the session to run it again",
+        )
+    if not result.levels:
+        raise PivotError(f"the benchmark of experiment {e.id} produced no level", hint="see server_status")
+    run_id = store.add_bench_result(e.id or 0, result)
+    telemetry = list(getattr(dep, "level_telemetry", []) or [])
+    for t in telemetry:
+        store.add_telemetry(e.id or 0, t, run_id=run_id)
+    by_level = {t.max_concurrency: t for t in telemetry}
+    failed = [lv for lv in result.levels if lv.failed > 0]
+    failure = getattr(dep, "failure", None) if failed else None
+    if failed and failure is None:
+        failure = "unknown" if dep.alive() else "server-exited"
+    errors = sorted({err for lv in failed for err in lv.errors})[:3]
+    e = store.update_experiment(
+        e.model_copy(update={"status": "finished", "failure": failure or e.failure, "finished_at": m.utcnow()})
+    )
+    judgement = Method.read(store, session.id).judge(e)
+    rows = [
+        LevelRow(
+            concurrency=lv.max_concurrency or 0,
+            completed=lv.completed,
+            failed=lv.failed,
+            output_tok_s=round(lv.output_throughput, 1),
+            total_tok_s=round(lv.total_throughput, 1),
+            peak_output_tok_s=round(lv.max_output_tokens_per_s, 1),
+            mean_ttft_ms=round(lv.mean_ttft_ms, 1),
+            mean_tpot_ms=round(lv.mean_tpot_ms, 1),
+            mean_itl_ms=round(lv.mean_itl_ms, 1),
+            gpu_power_w=_power(by_level.get(lv.max_concurrency)),
+        )
+        for lv in result.levels
+    ]
+    top = max(rows, key=lambda r: r.output_tok_s)
+    session.emit(
+        "tool_result",
+        f"experiment {e.id} run {runs + 1}: best {top.output_tok_s:,.0f} output tok/s at {top.concurrency}"
+        + (f"; failed at {', '.join(str(lv.max_concurrency) for lv in failed)} ({failure})" if failed else ""),
+    )
+    return BenchReport(
+        experiment_id=e.id or 0,
+        run=runs + 1,
+        source=result.source,
+        levels=rows,
+        server_alive=dep.alive(),
+        failure=failure,
+        errors=errors,
+        judgement=judgement,
+    )
+
+
+@toolset.tool
+def read_power(ctx: RunContext[Session]) -> m.Telemetry:
+    """GPU power, power limit, utilization, SM clock, memory and energy now, per GPU.
+
+    From the running server's GPUs (NVML on this host, or the twin's simulated GPUs); without a server, NVML on
+    this host. `source` says measured, simulated or unavailable (with the reason in `error`).
+    """
+    live = ctx.deps.live
+    if live is not None:
+        return live.deployment.telemetry()
+    from tools.telemetry import read_gpus
+
+    return read_gpus()
+
+
+@toolset.tool
+def server_metrics(ctx: RunContext[Session]) -> dict[str, Any]:
+    """The running server's own metrics: SGLang's /metrics gauges and counters (running and queued requests,
+    token usage of the KV pool, generation throughput, ...) by name, or the twin's equivalents when simulated."""
+    live = _live(ctx.deps)
+    dep = live.deployment
+    twin = getattr(dep, "twin", None)
+    if twin is not None:  # the in-process twin has no HTTP endpoint: its resolved limits and last level's readings
+        t = dep.telemetry()
+        return {"source": "simulated", "resolved": twin.resolved, "last_level": t.model_dump(mode="json")}
+    from tools.telemetry import MetricsUnavailable, scrape_metrics
+
+    try:
+        return {"source": "measured", "metrics": scrape_metrics(dep.base_url)}
+    except MetricsUnavailable as err:
+        raise ModelRetry(f"{err.message}; {err.hint or ''}") from err
+
+
+@toolset.tool
+def profile(ctx: RunContext[Session]) -> dict[str, Any]:
+    """Profile the running server under load and attribute GPU time to expert GEMMs, other GEMMs, attention,
+    communication and the rest; the profile is recorded as evidence with the analysis of the server's experiment.
+    Benchmark the server first. Returns the categories' shares and the analysis' dominant bottleneck."""
+    from tools.analysis import analyze
+    from tools.profile import profile_server, summarize_twin
+
+    session = ctx.deps
+    live = _live(session)
+    dep = live.deployment
+    breakdown = getattr(dep, "profile_breakdown", None)
+    if callable(breakdown):
+        summary = summarize_twin(breakdown())
+    else:
+        out = session.paths.session_state_dir(session.id) / "profiles"
+        summary = profile_server(dep.base_url, out)
+    result = analyze(session, live.experiment_id, profile=summary)
+    shares = {k: round(v.share * 100, 1) for k, v in summary.categories.items()}
+    session.emit(
+        "tool_result",
+        f"profile of experiment {live.experiment_id}: "
+        + ", ".join(f"{k} {v:.0f}%" for k, v in sorted(shares.items(), key=lambda kv: -kv[1])),
+    )
+    return {
+        "experiment_id": live.experiment_id,
+        "source": summary.source,
+        "share_pct": shares,
+        "bottleneck": result.bottleneck,
+        "summary": result.summary,
+    }

@@ -1,0 +1,220 @@
+"""The docs toolset: analysis, verdicts, improvement documents and status summaries.
+
+Verdicts go through the method's rules (tools/method.py): nothing inside the measured noise is adopted, a gain
+inside it is rerun before it is called no gain, and an item whose flags the engine refuses is ruled out without
+launching. Documents are rendered from the ledger by agent/reports.py; these tools only ask for them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+from pydantic_ai import FunctionToolset, ModelRetry, RunContext
+
+from agent import models as m
+from agent import reports
+from agent.errors import PivotError
+from agent.session import Session
+from tools.method import Judgement, Method
+from tools.server import REFUSAL_CLASS, audit_issues, proposed_config
+
+toolset: FunctionToolset[Session] = FunctionToolset(id="docs", max_retries=3)
+
+
+class VerdictRecord(BaseModel):
+    """An experiment's recorded verdict, and the measurements it rests on."""
+
+    experiment_id: int
+    plan_item: str | None
+    verdict: m.Verdict
+    reason: str
+    judgement: Judgement
+
+
+class DocumentRef(BaseModel):
+    """A document pivot wrote: where it is and what it says of itself."""
+
+    path: str
+    title: str
+    status: str
+    number: int | None = Field(default=None, description="A status summary's sequence number.")
+    notices: list[str] = Field(default_factory=list, description="E.g. a file edited by hand was left alone.")
+
+
+@toolset.tool
+def analyze(ctx: RunContext[Session], experiment_id: int | None = None) -> dict[str, Any]:
+    """Explain an experiment's bottleneck (default: the experiment with the best output tok/s): each level against
+    the roofline (rows per expert, arithmetic intensity vs the ridge point, achieved vs peak TFLOPS, bandwidth
+    floor), power against the limit, where throughput stops scaling, and the dominant bottleneck with its evidence.
+    The findings are recorded in the ledger; status summaries use them."""
+    from tools.analysis import analyze as run_analysis
+
+    try:
+        result = run_analysis(ctx.deps, experiment_id)
+    except PivotError as e:
+        raise ModelRetry(f"{e.message}; {e.hint or ''}") from e
+    ctx.deps.emit("tool_result", f"analysis of experiment {result.experiment_id}: {result.bottleneck or 'no verdict'}")
+    return {
+        "experiment_id": result.experiment_id,
+        "source": result.source,
+        "bottleneck": result.bottleneck,
+        "summary": result.summary,
+        "stops_scaling_at": result.stops_scaling_at,
+        "evidence": [f.text for f in result.evidence],
+        "secondary": [f.text for f in result.secondary],
+    }
+
+
+def _rule_out_item(session: Session, method: Method, plan_item: str, reason: str) -> m.Experiment:
+    """Record a plan item the engine refuses as an experiment that never started, with its audit."""
+    for e in method.experiments:
+        if e.plan_item == plan_item and e.verdict == "ruled_out" and method.run_count(e) == 0:
+            return e  # already recorded (a resumed run asks again)
+    try:
+        item = method.plan.item(plan_item)
+    except PivotError as e:
+        raise ModelRetry(f"{e.message}; {e.hint}") from e
+    config = proposed_config(method, plan_item, None, None)
+    issues = audit_issues(session, config)
+    blocking = [i for i in issues if i.blocking]
+    if not blocking:
+        raise ModelRetry(
+            f"item {plan_item}'s flags pass the audit ({config}): launch it and measure before ruling it out"
+        )
+    best = method.best(item.workload_for(method.plan.workload))
+    return session.store.add_experiment(
+        session.id,
+        m.Experiment(
+            plan_item=plan_item,
+            kind="change",
+            title=item.title,
+            hypothesis=item.hypothesis,
+            config=config,
+            base_experiment_id=best.id if best is not None else None,
+            workload=item.workload_for(method.plan.workload),
+            status="failed",
+            verdict="ruled_out",
+            reason=reason,
+            audit=issues,
+            failure=REFUSAL_CLASS.get(blocking[0].status, "argument-validation"),
+            finished_at=m.utcnow(),
+        ),
+    )
+
+
+@toolset.tool
+def record_verdict(
+    ctx: RunContext[Session],
+    verdict: m.Verdict,
+    reason: str,
+    experiment_id: int | None = None,
+    plan_item: str | None = None,
+) -> VerdictRecord:
+    """Record an experiment's verdict and the measured reason for it (numbers, levels, experiment ids).
+
+    verdict: baseline (the reference measurement) | adopted (beats the noise band: it becomes the best config) |
+    no_gain (inside the noise) | regressed (worse beyond the noise) | crashed (failed to start or under load; say
+    the classified reason) | ruled_out (not worth or not possible to run) | inconclusive | measured (a measurement
+    that changes nothing, such as the profile a profile item asks for).
+    Give `experiment_id`; to rule out a plan item whose flags the engine refuses, without launching it, give
+    `plan_item` and verdict ruled_out instead. The method is enforced: `adopted` needs a gain beyond the noise
+    band, a gain inside the band must be rerun before it is judged, and a verdict needs measurements.
+    """
+    session = ctx.deps
+    store = session.store
+    method = Method.read(store, session.id)
+    if not reason.strip():
+        raise ModelRetry("give the reason, with the measured numbers")
+    if experiment_id is None:
+        if plan_item is None:
+            raise ModelRetry("give experiment_id (or plan_item with verdict ruled_out)")
+        if verdict != "ruled_out":
+            raise ModelRetry("without an experiment only ruled_out can be recorded; launch and measure it first")
+        e = _rule_out_item(session, method, plan_item, reason)
+        method = Method.read(store, session.id)
+    else:
+        found = method.experiment(experiment_id)
+        if found is None:
+            raise ModelRetry(f"no experiment {experiment_id} in this session")
+        e = found
+    j = method.judge(e)
+    if verdict == "baseline" and e.kind != "baseline":
+        raise ModelRetry(f"experiment {e.id} is a {e.kind}, not a baseline")
+    if e.kind == "baseline" and verdict not in ("baseline", "crashed", "ruled_out", "inconclusive"):
+        raise ModelRetry(
+            f"experiment {e.id} is the baseline: record it as baseline (or crashed), changes are judged against it"
+        )
+    if verdict in ("adopted", "no_gain", "regressed") and j.suggestion in ("pending", "crashed", "ruled_out"):
+        raise ModelRetry(f"experiment {e.id} cannot be judged {verdict}: {j.text}")
+    if verdict == "adopted" and j.suggestion not in ("adopted",):
+        raise ModelRetry(
+            f"not adopted: {j.text}. A change is adopted only beyond the {j.band_pct:.1f}% noise band"
+            + (
+                "; rerun it first (launch_server with experiment_id, then run_benchmark)"
+                if j.suggestion == "rerun"
+                else ""
+            )
+        )
+    if verdict == "no_gain" and j.suggestion == "rerun":
+        raise ModelRetry(
+            f"the gain is inside the noise band: rerun experiment {e.id} once more before judging ({j.text})"
+        )
+    if verdict == "regressed" and (j.change_pct is None or j.change_pct >= 0):
+        raise ModelRetry(f"experiment {e.id} did not regress: {j.text}")
+    if verdict == "crashed" and j.suggestion != "crashed":
+        raise ModelRetry(f"experiment {e.id} did not crash: {j.text}")
+    e = store.update_experiment(e.model_copy(update={"verdict": verdict, "reason": reason.strip()}))
+    session.emit("tool_result", f"experiment {e.id} ({e.plan_item or e.kind}): {verdict}: {reason.strip()}")
+    return VerdictRecord(
+        experiment_id=e.id or 0, plan_item=e.plan_item, verdict=verdict, reason=e.reason or "", judgement=j
+    )
+
+
+def _ref(session: Session, doc: m.Document, start: int) -> DocumentRef:
+    return DocumentRef(
+        path=doc.path, title=doc.title, status=doc.status, number=doc.number, notices=session.notices[start:]
+    )
+
+
+@toolset.tool
+def write_improvement_doc(ctx: RunContext[Session], plan_item: str) -> DocumentRef:
+    """Write (or bring up to date) the improvement document of one plan item, e.g. "03": the idea, why, what it
+    should do, the risks, and once tested its measured result and verdict. Write every item's document before the
+    first experiment, and again after its verdict. A document edited by hand is left alone (a new version is
+    written beside it)."""
+    start = len(ctx.deps.notices)
+    try:
+        doc = reports.write_improvement_doc(ctx.deps, plan_item)
+    except PivotError as e:
+        raise ModelRetry(f"{e.message}; {e.hint or ''}") from e
+    ctx.deps.emit("info", f"document {doc.path}: {doc.status}")
+    return _ref(ctx.deps, doc, start)
+
+
+def latest_status_is_asked(session: Session) -> bool:
+    """Whether the newest status summary already went with a pivot (so the next one gets a new number)."""
+    latest = reports.latest_status_doc(session.store.documents(session.id))
+    if latest is None:
+        return True
+    return any(p.summary_path == latest.path for p in session.store.pivots(session.id))
+
+
+@toolset.tool
+def write_status_summary(ctx: RunContext[Session], question: str, options: list[str]) -> DocumentRef:
+    """Write the status summary for a pivot point: the best results per level, every experiment with its verdict,
+    the approaches ruled out and why, the root cause, the next steps, and `question` with its `options` for the
+    user. Then call ask_user with the same question and options."""
+    if not question.strip():
+        raise ModelRetry("the summary ends with a question for the user: give it")
+    session = ctx.deps
+    start = len(session.notices)
+    new = latest_status_is_asked(session)  # a summary written for a pivot that was never asked is rewritten
+    try:
+        doc = reports.write_status_summary(
+            session, question.strip(), [o.strip() for o in options if o.strip()], new=new, html=True
+        )
+    except PivotError as e:
+        raise ModelRetry(f"{e.message}; {e.hint or ''}") from e
+    session.emit("info", f"status summary {doc.path}")
+    return _ref(session, doc, start)

@@ -1,0 +1,224 @@
+"""The method, read from the ledger: the baseline, the best configuration so far, the measured noise, and how a
+change is judged against its base.
+
+The tools (run_benchmark's comparison, record_verdict's guard) and the autopilot read the ledger through this
+one module, so an LLM and the built-in policy are held to the same rules:
+
+- every comparison is made on the judged level: the highest concurrency both runs completed without failures;
+  the judged metric is output tok/s there, averaged over the experiment's runs (a rerun adds a run);
+- the noise band is max(min_gain_pct, measured noise), where the measured noise is the spread
+  (max - min) / mean of the baseline's runs at its judged level;
+- a change is adopted only when its gain beats the band; a gain inside the band is rerun (up to `reruns`
+  times) and then called no gain; a loss beyond the band is a regression; failed requests are a crash.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from agent import models as m
+from agent.store import Store
+
+REFUSED_FAILURES = ("unrecognized-argument", "ambiguous-argument", "argument-validation")
+Suggestion = Literal["baseline", "adopted", "no_gain", "regressed", "crashed", "ruled_out", "rerun", "pending"]
+
+
+class Judgement(BaseModel):
+    """An experiment measured against its base, and the verdict the method gives it."""
+
+    experiment_id: int
+    base_experiment_id: int | None = None
+    suggestion: Suggestion = Field(description="The method's verdict; `rerun` when the gain is inside the noise.")
+    concurrency: int | None = Field(default=None, description="The judged level.")
+    before_tok_s: float | None = None
+    after_tok_s: float | None = Field(default=None, description="Mean output tok/s over this experiment's runs.")
+    runs_tok_s: list[float] = Field(default_factory=list, description="Output tok/s of each run at the judged level.")
+    change_pct: float | None = None
+    noise_pct: float | None = Field(default=None, description="Measured: spread of the baseline's runs.")
+    band_pct: float = Field(description="A change must beat this to be adopted: max(floor, measured noise).")
+    failed_levels: list[int] = Field(default_factory=list)
+    noop_flags: list[str] = Field(default_factory=list, description="Flags the engine accepts but never reads.")
+    text: str = Field(description="The comparison in one sentence, with its numbers: usable as a verdict's reason.")
+
+
+def _n(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+@dataclass
+class Method:
+    """One reading of a session's ledger by the method's rules."""
+
+    store: Store
+    record: m.Session
+    experiments: list[m.Experiment]
+    runs: dict[int, list[m.BenchResult]]
+
+    @classmethod
+    def read(cls, store: Store, session_id: str) -> Method:
+        record = store.get_session(session_id)
+        experiments = store.experiments(session_id)
+        runs = {e.id or 0: store.bench_results(e.id or 0) for e in experiments}
+        return cls(store, record, experiments, runs)
+
+    @property
+    def settings(self) -> m.SessionSettings:
+        return self.record.settings
+
+    @property
+    def plan(self) -> m.Plan:
+        return self.record.plan
+
+    def experiment(self, experiment_id: int | None) -> m.Experiment | None:
+        return next((e for e in self.experiments if e.id == experiment_id), None)
+
+    # ---- levels
+
+    def ok_values(self, e: m.Experiment) -> dict[int, list[float]]:
+        """Output tok/s per concurrency and run, for levels that completed with no failed request."""
+        out: dict[int, list[float]] = {}
+        for result in self.runs.get(e.id or 0, []):
+            for lv in result.levels:
+                if lv.max_concurrency is not None and lv.completed > 0 and lv.failed == 0:
+                    out.setdefault(lv.max_concurrency, []).append(lv.output_throughput)
+        return out
+
+    def failed_levels(self, e: m.Experiment) -> list[int]:
+        return sorted(
+            {
+                lv.max_concurrency
+                for r in self.runs.get(e.id or 0, [])
+                for lv in r.levels
+                if lv.failed > 0 and lv.max_concurrency is not None
+            }
+        )
+
+    def run_count(self, e: m.Experiment) -> int:
+        return len(self.runs.get(e.id or 0, []))
+
+    # ---- baseline, noise, best
+
+    def baseline(self, workload: m.BenchSpec | None = None) -> m.Experiment | None:
+        """The baseline on `workload` (default: the plan's): the first baseline experiment measured on it, else the
+        latest one tried (which may have failed to start)."""
+        key = (workload or self.plan.workload).workload_key()
+        tried = [e for e in self.experiments if e.kind == "baseline" and e.workload.workload_key() == key]
+        measured = [e for e in tried if self.run_count(e) > 0]
+        return measured[0] if measured else (tried[-1] if tried else None)
+
+    def noise_pct(self, workload: m.BenchSpec | None = None) -> float | None:
+        """The measured noise: (max - min) / mean of the baseline's runs at its top level; None before two runs."""
+        base = self.baseline(workload)
+        if base is None:
+            return None
+        values = self.ok_values(base)
+        if not values:
+            return None
+        runs = values[max(values)]
+        if len(runs) < 2:
+            return None
+        mean = sum(runs) / len(runs)
+        return (max(runs) - min(runs)) / mean * 100 if mean > 0 else None
+
+    def band_pct(self, workload: m.BenchSpec | None = None) -> float:
+        noise = self.noise_pct(workload)
+        return max(self.settings.min_gain_pct, noise or 0.0)
+
+    def best(self, workload: m.BenchSpec | None = None) -> m.Experiment | None:
+        """The best configuration so far on `workload`: the last adopted change, else the baseline."""
+        key = (workload or self.plan.workload).workload_key()
+        adopted = [e for e in self.experiments if e.verdict == "adopted" and e.workload.workload_key() == key]
+        return adopted[-1] if adopted else self.baseline(workload)
+
+    def best_config(self) -> m.ServerConfig:
+        best = self.best()
+        return best.config if best is not None else self.plan.target.base_config()
+
+    # ---- judging
+
+    def judge(self, e: m.Experiment) -> Judgement:
+        """`e` against its base, by the rules in the module docstring."""
+        eid = e.id or 0
+        band = self.band_pct(e.workload)
+        noise = self.noise_pct(e.workload)
+        noops = [i.flag for i in e.audit if i.status == "noop"]
+        failed = self.failed_levels(e)
+        common = {
+            "experiment_id": eid,
+            "base_experiment_id": e.base_experiment_id,
+            "band_pct": band,
+            "noise_pct": noise,
+            "noop_flags": noops,
+            "failed_levels": failed,
+        }
+        if e.failure in REFUSED_FAILURES and self.run_count(e) == 0:
+            return Judgement(suggestion="ruled_out", text=f"the engine refused the flags ({e.failure})", **common)
+        if failed:
+            why = f" ({e.failure})" if e.failure else ""
+            return Judgement(
+                suggestion="crashed",
+                text=f"requests failed at concurrency {', '.join(map(str, failed))}{why}",
+                **common,
+            )
+        if e.status == "failed" and self.run_count(e) == 0:
+            detail = f": {e.failure_detail}" if e.failure_detail else ""
+            return Judgement(suggestion="crashed", text=f"did not start ({e.failure or 'failed'}){detail}", **common)
+        after = self.ok_values(e)
+        if not after:
+            return Judgement(suggestion="pending", text="not measured yet", **common)
+        if e.kind == "baseline":
+            top = max(after)
+            runs = after[top]
+            mean = sum(runs) / len(runs)
+            text = f"{_n(mean)} output tok/s at concurrency {top}"
+            if len(runs) > 1:
+                text += f" (mean of {len(runs)} runs: {', '.join(_n(v) for v in runs)}; spread {noise or 0:.1f}%)"
+            return Judgement(
+                suggestion="baseline", concurrency=top, after_tok_s=mean, runs_tok_s=runs, text=text, **common
+            )
+        base = self.experiment(e.base_experiment_id)
+        before = self.ok_values(base) if base is not None else {}
+        shared = sorted(set(before) & set(after))
+        if not shared:
+            return Judgement(suggestion="pending", text="no level to compare with its base", **common)
+        c = shared[-1]
+        b = sum(before[c]) / len(before[c])
+        runs = after[c]
+        a = sum(runs) / len(runs)
+        change = (a - b) / b * 100 if b > 0 else 0.0
+        if change >= band and change > 0:
+            suggestion: Suggestion = "adopted"
+        elif change <= -band:
+            suggestion = "regressed"
+        elif change > 0 and len(runs) < 1 + self.settings.reruns:
+            suggestion = "rerun"
+        else:
+            suggestion = "no_gain"
+        measured = (
+            f"{_n(a)}" if len(runs) == 1 else f"{_n(a)}, mean of {len(runs)} runs: {', '.join(_n(v) for v in runs)}"
+        )
+        text = (
+            f"{change:+.1f}% output tok/s at concurrency {c} ({_n(b)} -> {measured}; experiment {e.base_experiment_id} "
+            f"-> {eid})"
+        )
+        floor = self.settings.min_gain_pct
+        why_band = f"measured noise {noise:.1f}%, floor {floor:g}%" if noise is not None else f"floor {floor:g}%"
+        if suggestion in ("no_gain", "rerun"):
+            text += f", inside the {band:.1f}% noise band ({why_band})"
+        elif suggestion == "adopted":
+            text += f", beyond the {band:.1f}% noise band ({why_band})"
+        if noops:
+            text += f"; {', '.join(noops)} {'is' if len(noops) == 1 else 'are'} accepted but read nowhere (no-op)"
+        return Judgement(
+            suggestion=suggestion,
+            concurrency=c,
+            before_tok_s=b,
+            after_tok_s=a,
+            runs_tok_s=runs,
+            change_pct=change,
+            text=text,
+            **common,
+        )

@@ -1,0 +1,336 @@
+"""The server toolset: audit flags, launch a server for an experiment, stop it, and ask how it is.
+
+An experiment is one configuration on one workload. `launch_server` records it (or relaunches a recorded one for a
+rerun), audits its flags first and refuses what the engine would refuse, starts the server with the session's
+engine and waits until it is ready. The session holds one server at a time: launching another stops the first.
+Startup failures are recorded on the experiment with their classified reason (oom, unrecognized-argument, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+from pydantic_ai import FunctionToolset, ModelRetry, RunContext
+
+from agent import models as m
+from agent.errors import PivotError
+from agent.session import LiveServer, Session
+from tools.method import Method
+
+toolset: FunctionToolset[Session] = FunctionToolset(id="server", max_retries=3)
+
+READY_TIMEOUT_S = 1800.0
+REFUSAL_CLASS = {
+    "unknown": "unrecognized-argument",
+    "ambiguous": "ambiguous-argument",
+    "invalid": "argument-validation",
+}
+
+
+class FlagAudit(BaseModel):
+    """The engine's verdict on a command line before any GPU time is spent."""
+
+    config: str = Field(description="The full flags audited.")
+    would_start: bool = Field(description="False when the engine would refuse to start with these flags.")
+    issues: list[m.FlagIssue] = Field(description="Flags that are not plainly ok, with what to do instead.")
+    noop_flags: list[str] = Field(description="Accepted flags that this engine version never reads (no effect).")
+
+
+class LaunchResult(BaseModel):
+    """What happened to a launch: ready, refused by the audit, or failed to start."""
+
+    experiment_id: int
+    status: Literal["ready", "refused", "failed"]
+    config: str
+    plan_item: str | None = None
+    base_experiment_id: int | None = None
+    base_url: str | None = None
+    failure: str | None = Field(default=None, description="Classified reason when it did not start.")
+    message: str = ""
+    noop_flags: list[str] = Field(default_factory=list)
+    log_tail: list[str] = Field(default_factory=list)
+
+
+class ServerState(BaseModel):
+    """The server this session holds, if any."""
+
+    running: bool
+    experiment_id: int | None = None
+    base_url: str | None = None
+    config: str | None = None
+    alive: bool | None = None
+    log_tail: list[str] = Field(default_factory=list)
+    recorded_servers: int = Field(default=0, description="Server processes of this session still marked running.")
+
+
+def proposed_config(
+    method: Method, plan_item: str | None, flags: str | None, remove_flags: list[str] | None
+) -> m.ServerConfig:
+    """The config a plan item (and/or extra flags) proposes on top of the best config so far."""
+    config = method.best_config()
+    if plan_item is not None:
+        config = _item(method.plan, plan_item).apply(config)
+    if remove_flags:
+        config = config.without(*remove_flags)
+    if flags:
+        try:
+            config = config.with_flags(m.ServerConfig.parse(flags))
+        except PivotError as e:
+            raise ModelRetry(f"cannot parse flags {flags!r}: {e.message}") from e
+    return config
+
+
+def _item(plan: m.Plan, item_id: str) -> m.PlanItem:
+    try:
+        return plan.item(item_id)
+    except PivotError as e:
+        raise ModelRetry(f"{e.message}; {e.hint}") from e
+
+
+def audit_issues(session: Session, config: m.ServerConfig) -> list[m.FlagIssue]:
+    return session.engine_for(session.settings.seed).validate(config)
+
+
+@toolset.tool
+def audit_flags(
+    ctx: RunContext[Session],
+    plan_item: str | None = None,
+    flags: str | None = None,
+    remove_flags: list[str] | None = None,
+) -> FlagAudit:
+    """Check a command line with the engine's own parser before spending GPU time on it.
+
+    The command line audited is the best configuration so far, changed by `plan_item` (its flags), then by
+    `remove_flags` and `flags` (extra flags, SGLang spelling, e.g. "--chunked-prefill-size 16384"). With none of
+    them, the best configuration itself. `would_start` false means the server would refuse to start: rule the
+    item out (record_verdict with plan_item and verdict ruled_out) instead of launching. `noop_flags` are accepted
+    but do nothing in this engine version: say so in the verdict.
+    """
+    method = Method.read(ctx.deps.store, ctx.deps.id)
+    config = proposed_config(method, plan_item, flags, remove_flags)
+    issues = audit_issues(ctx.deps, config)
+    shown = [i for i in issues if i.status != "ok"]
+    audit = FlagAudit(
+        config=str(config),
+        would_start=not any(i.blocking for i in issues),
+        issues=shown,
+        noop_flags=[i.flag for i in issues if i.status == "noop"],
+    )
+    ctx.deps.emit("info", f"audit {config}: {'ok' if audit.would_start else 'refused'}", audit=audit.model_dump())
+    return audit
+
+
+def _reusable(
+    method: Method, plan_item: str | None, kind: str, config: m.ServerConfig, workload: m.BenchSpec
+) -> m.Experiment | None:
+    """An experiment of the same item, kind, config and workload that never finished (interrupted by a kill):
+    relaunched in place, so a resumed campaign runs no experiment twice."""
+    for e in reversed(method.experiments):
+        if (
+            e.plan_item == plan_item
+            and e.kind == kind
+            and e.status in ("planned", "running", "interrupted")
+            and e.config == config
+            and e.workload == workload
+            and method.run_count(e) == 0
+        ):
+            return e
+    return None
+
+
+@toolset.tool
+def launch_server(
+    ctx: RunContext[Session],
+    plan_item: str | None = None,
+    flags: str | None = None,
+    remove_flags: list[str] | None = None,
+    baseline: bool = False,
+    experiment_id: int | None = None,
+    hypothesis: str = "",
+) -> LaunchResult:
+    """Record an experiment and start its server; returns when the server is ready (or why it is not).
+
+    - baseline=True: the plan's base flags on the plan's workload (do this first; an item with its own workload
+      gets its own baseline: baseline=True with that plan_item).
+    - plan_item="05": that item's change on top of the best configuration so far (one change at a time), on the
+      item's workload. `flags`/`remove_flags` adjust further (SGLang spelling).
+    - experiment_id=N: relaunch experiment N's exact configuration, to rerun its benchmark (a rerun adds a run to
+      the same experiment; use it when a gain is inside the noise).
+    The flags are audited first: flags the engine would refuse are not launched (status "refused"). A server that
+    fails to start is recorded with its classified reason (status "failed"). One server at a time: a running one is
+    stopped first. Then call run_benchmark, record_verdict, and stop_server.
+    """
+    session = ctx.deps
+    store = session.store
+    method = Method.read(store, session.id)
+    if experiment_id is not None:
+        e = method.experiment(experiment_id)
+        if e is None:
+            raise ModelRetry(
+                f"no experiment {experiment_id} in this session; experiments: "
+                f"{', '.join(str(x.id) for x in method.experiments) or 'none'}"
+            )
+        if e.status == "failed" and method.run_count(e) == 0:
+            raise ModelRetry(f"experiment {experiment_id} never started ({e.failure}); there is nothing to rerun")
+    else:
+        item = _item(method.plan, plan_item) if plan_item is not None else None
+        workload = item.workload_for(method.plan.workload) if item is not None else method.plan.workload
+        if baseline:
+            config = method.plan.target.base_config()
+            if flags or remove_flags:
+                config = proposed_config(method, None, flags, remove_flags)
+            kind: m.ExperimentKind = "baseline"
+            base_id = None
+            title = "baseline" if item is None else f"baseline for {item.id} on its workload"
+        else:
+            if item is None and not flags and not remove_flags:
+                raise ModelRetry("say what to launch: baseline=True, a plan_item, flags, or experiment_id to rerun")
+            if method.baseline(workload) is None:
+                raise ModelRetry(
+                    "measure the baseline on this workload first (launch_server with baseline=True"
+                    + (f" and plan_item={plan_item!r})" if item is not None and item.workload else ")")
+                )
+            config = proposed_config(method, plan_item, flags, remove_flags)
+            kind = "change"
+            best = method.best(workload)
+            base_id = best.id if best is not None else None
+            title = item.title if item is not None else f"flags {flags or ''}".strip()
+        e = _reusable(method, plan_item, kind, config, workload)
+        if e is None:
+            e = store.add_experiment(
+                session.id,
+                m.Experiment(
+                    plan_item=plan_item,
+                    kind=kind,
+                    title=title,
+                    hypothesis=hypothesis or (item.hypothesis if item is not None else ""),
+                    config=config,
+                    base_experiment_id=base_id,
+                    workload=workload,
+                ),
+            )
+    return _launch(session, method, e)
+
+
+def _launch(session: Session, method: Method, e: m.Experiment) -> LaunchResult:
+    from tools.engines.http import launch_in_session
+    from tools.engines.process import FlagsRefused
+
+    store = session.store
+    eid = e.id or 0
+    stopped = session.stop_live()
+    if stopped is not None:
+        _mark_stopped(session, stopped)
+        session.emit("info", f"stopped the server of experiment {stopped.experiment_id} first (one at a time)")
+    runs = method.run_count(e)
+    engine = session.engine_for(session.settings.seed + 100 * eid + runs)
+    issues = engine.validate(e.config)
+    noops = [i.flag for i in issues if i.status == "noop"]
+    common = {
+        "experiment_id": eid,
+        "config": str(e.config),
+        "plan_item": e.plan_item,
+        "base_experiment_id": e.base_experiment_id,
+        "noop_flags": noops,
+    }
+    blocking = [i for i in issues if i.blocking]
+    if blocking:
+        failure = REFUSAL_CLASS.get(blocking[0].status, "argument-validation")
+        reason = "; ".join(f"{i.flag}: {i.message or i.status}" for i in blocking)
+        _failed(session, e.model_copy(update={"audit": issues}), failure, f"not launched: {reason}")
+        return LaunchResult(status="refused", failure=failure, message=f"not launched: {reason}", **common)
+    e = store.update_experiment(
+        e.model_copy(
+            update={"status": "running", "audit": issues, "started_at": e.started_at or m.utcnow(), "failure": None}
+        )
+    )
+    session.emit("progress", f"experiment {eid}: launching {engine.name} with {e.config}")
+    try:
+        deployment = launch_in_session(session, e.config, engine=engine, experiment_id=eid)
+    except FlagsRefused as err:  # the engine's own audit disagreed with ours: record it the same way
+        _failed(session, e, "unrecognized-argument", err.message)
+        return LaunchResult(status="refused", failure="unrecognized-argument", message=err.message, **common)
+    except PivotError as err:
+        failure = getattr(err, "failure", None) or "unknown"
+        _failed(session, e, failure, err.message)
+        return LaunchResult(status="failed", failure=failure, message=err.message, **common)
+    log_path = getattr(deployment, "log_path", None)
+    if log_path is not None:
+        e = store.update_experiment(e.model_copy(update={"log_path": session.paths.relative(log_path)}))
+    timeout = float(getattr(engine, "ready_timeout_s", None) or READY_TIMEOUT_S)
+    try:
+        deployment.wait_ready(timeout, lambda line: session.emit("progress", f"experiment {eid}: {line}"))
+    except PivotError as err:
+        failure = getattr(err, "failure", None) or getattr(deployment, "failure", None) or "unknown"
+        tail = deployment.log_tail(15)
+        deployment.stop()
+        _failed(session, e, failure, _telling_line(tail) or err.message)
+        return LaunchResult(status="failed", failure=failure, message=err.message, log_tail=tail, **common)
+    session.live = LiveServer(deployment=deployment, experiment_id=eid, config=e.config, runs_at_start=runs)
+    session.emit("info", f"experiment {eid}: server ready at {deployment.base_url}")
+    return LaunchResult(status="ready", base_url=deployment.base_url, log_tail=deployment.log_tail(3), **common)
+
+
+def _telling_line(tail: list[str]) -> str | None:
+    """The log line that says why, as the crash classifier found it, else the last non-empty line."""
+    from tools.engines.failures import diagnose, short_line
+
+    line = diagnose(tail).line or next((x for x in reversed(tail) if x.strip()), None)
+    return short_line(line, 300) if line else None
+
+
+def _failed(session: Session, e: m.Experiment, failure: str, message: str) -> None:
+    """Record that the experiment's server did not start: its class, and the words that say why."""
+    session.store.update_experiment(
+        e.model_copy(
+            update={"status": "failed", "failure": failure, "failure_detail": message[:500], "finished_at": m.utcnow()}
+        )
+    )
+    session.emit("warning", f"experiment {e.id}: did not start ({failure}): {message[:200]}")
+
+
+def _mark_stopped(session: Session, live: LiveServer) -> None:
+    """An experiment whose server stops before it was measured is interrupted, not running."""
+    if live.experiment_id is None:
+        return
+    e = session.store.get_experiment(live.experiment_id)
+    if e.status == "running":
+        runs = session.store.bench_results(live.experiment_id)
+        session.store.update_experiment(
+            e.model_copy(update={"status": "finished" if runs else "interrupted", "finished_at": m.utcnow()})
+        )
+
+
+@toolset.tool
+def stop_server(ctx: RunContext[Session]) -> ServerState:
+    """Stop the server this session holds (its whole process group). Safe to call when none is running."""
+    session = ctx.deps
+    live = session.stop_live()
+    if live is not None:
+        _mark_stopped(session, live)
+        session.emit("info", f"experiment {live.experiment_id}: server stopped")
+    return _state(session)
+
+
+def _state(session: Session) -> ServerState:
+    recorded = len(session.store.servers(session.id, running_only=True))
+    live = session.live
+    if live is None:
+        return ServerState(running=False, recorded_servers=recorded)
+    dep = live.deployment
+    return ServerState(
+        running=True,
+        experiment_id=live.experiment_id,
+        base_url=dep.base_url,
+        config=str(live.config),
+        alive=dep.alive(),
+        log_tail=dep.log_tail(5),
+        recorded_servers=recorded,
+    )
+
+
+@toolset.tool
+def server_status(ctx: RunContext[Session]) -> ServerState:
+    """The server this session holds: its experiment, URL, whether its process is alive, and its last log lines."""
+    return _state(ctx.deps)
