@@ -92,7 +92,8 @@ class Decision:
     released: set[int]
     requested: list[tuple[str, datetime]]  # (item id, asked since)
     stopped_at: datetime | None = None
-    unclear: m.Pivot | None = None  # the last answer, when it was not understood
+    unclear: m.Pivot | None = None  # the last answer, when it was not understood (or cannot be done)
+    why_unclear: str = ""
 
 
 def interpret(answer: str, options: list[str], plan: m.Plan) -> tuple[str, str | None]:
@@ -250,7 +251,13 @@ class Autopilot:
             if meaning == "stop":
                 d.stopped_at = p.answered_at or p.asked_at
                 break
-            if meaning == "item" and item_id is not None:
+            if meaning == "item" and item_id is not None and plan.item(item_id).kind == "code":
+                d.unclear = p
+                d.why_unclear = (
+                    f"Item {item_id} is a code change for you to make (its improvement document says what); "
+                    "pivot has nothing to run for it."
+                )
+            elif meaning == "item" and item_id is not None:
                 d.requested.append((item_id, p.answered_at or p.asked_at))
             elif meaning == "continue":
                 if not any(not self._done(method, it, before=p.asked_at) for it in plan.items if it.tier in d.released):
@@ -259,6 +266,7 @@ class Autopilot:
                         d.released.add(later[0])
             else:
                 d.unclear = p
+                d.why_unclear = f"I did not understand {p.answer!r}."
         return d
 
     # ---- item state
@@ -456,7 +464,9 @@ class Autopilot:
         elif later:
             t = later[0]
             items = ", ".join(f"{it.id} {it.title}" for it in plan.tier_items(t))
-            options.append(f"continue: Tier {t} ({plan.tiers.get(t, 'next')}): {items}")
+            code = all(it.kind == "code" for it in plan.tier_items(t))
+            note = " (code changes for you: documented, nothing to run; then the final summary)" if code else ""
+            options.append(f"continue: Tier {t} ({plan.tiers.get(t, 'next')}): {items}{note}")
         untested = [
             it
             for it in plan.items
@@ -495,7 +505,7 @@ class Autopilot:
         elif kind == "clarify":
             p = d.unclear
             assert p is not None
-            return (f"I did not understand {p.answer!r}. {understood(p.options, plan)} {p.question}", p.options)
+            return (f"{d.why_unclear} {understood(p.options, plan)} {p.question}", p.options)
         elif kind == "baseline":
             base = method.baseline()
             why = (

@@ -456,3 +456,12 @@ def test_a_baseline_that_cannot_start_stops_at_a_pivot_that_says_why(tmp_path):
         base = [e for e in store.experiments(outcome["session"]) if e.kind == "baseline"]
         assert len(base) == 2 and all(e.verdict == "crashed" for e in base)
         assert store.servers(outcome["session"], running_only=True) == []
+
+
+def test_asking_for_a_code_item_says_there_is_nothing_to_run(store, paths):
+    plan = parse_plan(TEST_PLAN, source="test.toml")
+    with new_session(store, paths, plan) as s:
+        assert loop.run(s).status == "pivot"
+        again = loop.run(s, answer="04")
+    assert again.status == "pivot" and "code change for you" in again.message
+    assert store.get_session(s.id).status == "waiting"
