@@ -177,15 +177,25 @@ def _dump(message: ModelMessage) -> str:
     return ModelMessagesTypeAdapter.dump_json([message]).decode()[1:-1]
 
 
+def unanswered(history: list[ModelMessage]) -> list[ToolCallPart]:
+    """The tool calls of the last model response that no later message answers (the process died while they ran,
+    or they were deferred)."""
+    last = next((i for i in range(len(history) - 1, -1, -1) if isinstance(history[i], ModelResponse)), None)
+    if last is None:
+        return []
+    answered = {getattr(p, "tool_call_id", None) for msg in history[last + 1 :] for p in msg.parts}
+    return [p for p in history[last].parts if isinstance(p, ToolCallPart) and p.tool_call_id not in answered]
+
+
 def close_dangling(history: list[ModelMessage], keep: str | None) -> list[ModelMessage]:
-    """Answer tool calls of the last response that have no result (the process died while they ran) with
-    INTERRUPTED, except `keep` (the open pivot's ask_user call, answered by the user)."""
-    if not history or not isinstance(history[-1], ModelResponse):
-        return history
-    calls = [p for p in history[-1].parts if isinstance(p, ToolCallPart) and p.tool_call_id != keep]
+    """Answer the last response's unanswered tool calls with INTERRUPTED, except `keep` (the open pivot's
+    ask_user call, which the user's answer answers). The results join the request after that response, if any."""
+    calls = [p for p in unanswered(history) if p.tool_call_id != keep]
     if not calls:
         return history
     parts = [ToolReturnPart(p.tool_name, INTERRUPTED, tool_call_id=p.tool_call_id) for p in calls]
+    if isinstance(history[-1], ModelRequest):
+        return [*history[:-1], ModelRequest(parts=[*history[-1].parts, *parts])]
     return [*history, ModelRequest(parts=parts)]
 
 
@@ -233,12 +243,7 @@ async def run_async(
             return RunOutcome("pivot", open_pivot.question, pivot=open_pivot, summary_path=open_pivot.summary_path)
         open_pivot = store.answer_pivot(open_pivot.id or 0, answer)
         session.emit("message", f"answer: {answer}", pivot_id=open_pivot.id)
-        pending = (
-            {p.tool_call_id for p in history[-1].parts if isinstance(p, ToolCallPart)}
-            if history and isinstance(history[-1], ModelResponse)
-            else set()
-        )
-        if open_pivot.tool_call_id in pending:
+        if open_pivot.tool_call_id in {p.tool_call_id for p in unanswered(history)}:
             history = close_dangling(history, keep=open_pivot.tool_call_id)
             deferred = DeferredToolResults(calls={open_pivot.tool_call_id: answer})
         else:  # the question's call is not the last thing in the history: give the answer as a message

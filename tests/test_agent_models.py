@@ -207,3 +207,39 @@ def test_a_model_without_its_key_is_a_clear_error(store, paths, no_key):
         s.record = s.record.model_copy(update={"model": "openai-chat:qwen", "model_base_url": "http://127.0.0.1:9/v1"})
         model = loop.resolve_model(s)
         assert type(model).__name__ == "OpenAIChatModel" and model.model_name == "qwen"
+
+
+async def test_a_pivot_asked_beside_another_tool_call_is_answered_in_place(store, paths):
+    """An LLM may write the summary and ask in one response: the answer still resumes the deferred call."""
+    from pydantic_ai import ModelResponse as Resp
+
+    calls = iter(
+        [
+            Resp(
+                parts=[
+                    ToolCallPart("todo_read", {}, tool_call_id="a"),
+                    ToolCallPart("ask_user", {"question": "Go?", "options": ["yes"]}, tool_call_id="b"),
+                ]
+            ),
+            Resp(parts=[TextPart("went on")]),
+        ]
+    )
+    seen: list[Any] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> Resp:
+        seen.append(messages)
+        return next(calls)
+
+    with _session(store, paths) as s:
+        first = await loop.run_async(s, model=FunctionModel(model))
+        assert first.status == "pivot"
+        second = await loop.run_async(s, model=FunctionModel(model), answer="yes")
+    assert second.message == "went on"
+    returns = {
+        p.tool_call_id: p.content
+        for msg in seen[-1]
+        for p in getattr(msg, "parts", [])
+        if isinstance(p, ToolReturnPart)
+    }
+    assert returns["b"] == "yes" and "a" in returns  # answered as the tool's result, the other call not run again
+    assert len(store.pivots(s.id)) == 1
