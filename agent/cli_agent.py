@@ -66,7 +66,7 @@ def _settings(
     elif noise is not None:
         raise PivotError("--noise applies to the simulated engines (sim, sim-http) only")
     if engine == "sim-http":
-        opts.setdefault("time_scale", 100.0)
+        opts.setdefault("time_scale", 20.0)
         opts.setdefault("startup_s", 0.5)
     for key in ("api_key", "token", "password", "secret"):
         if any(key in k.lower() for k in opts):

@@ -23,6 +23,7 @@ from agent.autopilot import interpret
 from agent.plans import load_plan, parse_plan
 from agent.session import Paths, Session
 from agent.store import Store
+from tools.engines.sim.twin import Twin
 from tools.method import Method
 
 PIVOT = [sys.executable, "-m", "agent.cli"]
@@ -417,8 +418,6 @@ def test_run_on_sim_http_runs_the_campaign_against_real_processes(tmp_path):
         "sim-http",
         "--concurrency",
         "1,16,64",
-        "-o",
-        "time_scale=200",
         "--noise",
         "0.01",
         "--json",
@@ -438,6 +437,12 @@ def test_run_on_sim_http_runs_the_campaign_against_real_processes(tmp_path):
         assert all(e.verdict is not None for e in exps)
         assert {r.source for e in exps for r in store.bench_results(e.id)} == {"simulated"}
         assert all(srv.argv[1:5] == ["-m", "agent.cli", "sim", "serve"] for srv in servers)
+        # numbers in simulated time, as the in-process twin gives them (time scale 20 by default)
+        base = next(e for e in exps if e.kind == "baseline")
+        (top,) = [lv for lv in store.bench_results(base.id)[0].levels if lv.max_concurrency == 64]
+        twin = Twin.build("glm-5-nvfp4", "rtx-pro-6000-blackwell", 8, base.config)
+        ((level, _),) = twin.predict(base.workload.model_copy(update={"concurrency": [64]}))
+        assert top.output_throughput == pytest.approx(level.output_throughput, rel=0.25)
 
 
 def test_a_baseline_that_cannot_start_stops_at_a_pivot_that_says_why(tmp_path):

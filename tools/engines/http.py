@@ -27,6 +27,15 @@ if TYPE_CHECKING:
     from tools.loadgen import LevelProgress
     from tools.telemetry import TelemetryRecorder
 
+RATE_KEYS = (
+    "request_throughput",
+    "input_throughput",
+    "output_throughput",
+    "total_throughput",
+    "max_output_tokens_per_s",
+)
+CLIENT_DELAY_KEYS = ("mean_dispatch_delay_ms", "max_dispatch_delay_ms")  # the client's: stay on the wall clock
+LAG_WARN_SHARE = 0.1  # a level during which the twin lost more than this share of its duration gets a warning
 CRASH_GRACE_S = 5.0  # a level still running this long after the server died is cut short
 WATCH_S = 0.2  # how often a benchmark checks that the server is still running
 
@@ -228,6 +237,7 @@ class HttpDeployment:
 
             one = spec.model_copy(update={"concurrency": [concurrency]})
             await asyncio.to_thread(recorder.mark_level, concurrency)
+            lag_before = await asyncio.to_thread(self._wall_lag)
             task = asyncio.create_task(
                 loadgen.run_sweep(
                     self.base_url,
@@ -273,6 +283,12 @@ class HttpDeployment:
                 why = short_line(self.server.failure_line) if self.server.failure_line else self.server.exit_text()
                 note = f"the server crashed during this level: {self.server.failure} ({why})"
                 level = level.model_copy(update={"warnings": [*level.warnings, note]})
+            lag = await asyncio.to_thread(self._wall_lag)
+            if lag is not None and lag_before is not None and lag - lag_before > LAG_WARN_SHARE * level.duration > 0:
+                note = (f"this host fell {lag - lag_before:.1f} s behind the twin's clock during a {level.duration:.1f} s "
+                        f"level: it cannot keep up with time scale {self.time_scale:g}, so the numbers are slower than "
+                        "the twin's; use a lower time scale")  # fmt: skip
+                level = level.model_copy(update={"warnings": [*level.warnings, note]})
             result.levels.append(self._scaled(level))
             if swept is not None and swept.interrupted and not crashed:
                 result.interrupted = True
@@ -310,9 +326,35 @@ class HttpDeployment:
         )
         return m.BenchLevel(**base.model_dump(exclude={"failed", "errors"}), failed=n, errors={reason: n})
 
+    def _wall_lag(self) -> float | None:
+        """How many wall seconds the twin's clock has lost waiting for this host (None for a real server)."""
+        if not self.simulated:
+            return None
+        try:
+            info = httpx.get(self.base_url + "/server_info", timeout=5.0, trust_env=False).json()
+            return float(info["internal_states"][0]["wall_lag_s"])
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+            return None
+
     def _scaled(self, level: m.BenchLevel) -> m.BenchLevel:
-        if self.time_scale is None or self.time_scale == 1.0:
+        """A level measured against the twin served `time_scale` times faster than its simulated GPUs, converted to
+        simulated time (times x scale, rates / scale) so it reads like `sim` and like the GPUs it stands for. The
+        client's own delays are magnified with it, and the peak is over scale-second buckets: the note says so."""
+        k = self.time_scale
+        if k is None or k == 1.0:
             return level
-        note = (f"the twin ran at time scale {self.time_scale:g}: times are wall-clock, {self.time_scale:g}x "
-                "faster than the simulated GPUs would be")  # fmt: skip
-        return level.model_copy(update={"warnings": [*level.warnings, note]})
+        data = level.model_dump()
+        for key, value in data.items():
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            if key == "duration" or (key.endswith("_ms") and key not in CLIENT_DELAY_KEYS):
+                data[key] = value * k
+            elif key in RATE_KEYS:
+                data[key] = value / k
+        note = (
+            f"the twin ran {k:g}x faster than its simulated GPUs: times and rates are converted to simulated time "
+            f"(wall-clock x {k:g}), so the client's own overhead counts {k:g}x too, and the peak is over "
+            f"{k:g}-second buckets; a lower time scale is closer to the GPUs"
+        )
+        data["warnings"] = [*level.warnings, note]
+        return m.BenchLevel.model_validate(data)
