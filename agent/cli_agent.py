@@ -99,6 +99,8 @@ def _start(
         workload = plan.workload.model_copy(update={"concurrency": m.parse_levels(levels)})
         plan = plan.model_copy(update={"workload": workload})
     model_name = _default_model(method["model"])
+    if model_name != loop.AUTOPILOT:  # a missing key fails here, before a session is recorded for nothing
+        loop.provider_model(model_name, method["model_base_url"])
     session = Session.create(
         home.store,
         home.paths,
@@ -112,7 +114,6 @@ def _start(
     )
     err.print(f"session {session.id}: plan {plan.name}, engine {engine}, model {model_name}", highlight=False)
     with session:
-        loop.resolve_model(session)  # a missing key fails here, before anything runs
         _install_signals()
         outcome = loop.run(session)
     _report(session, outcome, method["as_json"])
@@ -265,6 +266,8 @@ def resume(
     session = Session.open(home.store, home.paths, session_ref, events=Progress(quiet))
     with session:
         if model is not None and model != session.record.model:
+            if model != loop.AUTOPILOT:  # checked before the session is changed
+                loop.provider_model(model, session.record.model_base_url)
             home.store.set_session_model(session.id, model)
             session.refresh()
         if answer is None and session.record.status == "finished":

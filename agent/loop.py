@@ -137,15 +137,20 @@ def resolve_model(session: Session) -> Model | str:
         from agent.autopilot import Autopilot
 
         return Autopilot(session).model
-    url = session.record.model_base_url
+    return provider_model(name, session.record.model_base_url)
+
+
+def provider_model(name: str, base_url: str | None) -> Model:
+    """A model other than the autopilot, built now so that a missing key or an unknown provider is a clear error
+    before anything runs (nothing is sent to it here)."""
     try:
-        if url:
+        if base_url:
             from pydantic_ai.models.openai import OpenAIChatModel
             from pydantic_ai.providers.openai_compatible import OpenAICompatibleProvider
 
             model_name = name.split(":", 1)[1] if ":" in name else name
             provider = OpenAICompatibleProvider(
-                "pivot-model", base_url=url, api_key=os.environ.get("PIVOT_MODEL_API_KEY") or None
+                "pivot-model", base_url=base_url, api_key=os.environ.get("PIVOT_MODEL_API_KEY") or None
             )
             return OpenAIChatModel(model_name, provider=provider)
         from pydantic_ai.models import infer_model

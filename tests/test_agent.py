@@ -470,3 +470,12 @@ def test_asking_for_a_code_item_says_there_is_nothing_to_run(store, paths):
         again = loop.run(s, answer="04")
     assert again.status == "pivot" and "code change for you" in again.message
     assert store.get_session(s.id).status == "waiting"
+
+
+def test_a_model_without_its_key_records_no_session(tmp_path, monkeypatch):
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    home = tmp_path / "home"
+    result = cli(home, "run", "llama70b-fp8-h200x1", "--model", "anthropic:claude-sonnet-4-5")
+    assert result.returncode == 1 and "ANTHROPIC_API_KEY" in result.stderr
+    with Store(Paths.from_env(home).db_path) as store:
+        assert store.list_sessions() == []
