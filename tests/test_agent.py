@@ -479,3 +479,31 @@ def test_a_model_without_its_key_records_no_session(tmp_path, monkeypatch):
     assert result.returncode == 1 and "ANTHROPIC_API_KEY" in result.stderr
     with Store(Paths.from_env(home).db_path) as store:
         assert store.list_sessions() == []
+
+
+def test_an_item_with_its_own_workload_gets_its_own_baseline(store, paths):
+    text = TEST_PLAN.replace(
+        '''[[items]]
+id = "02"
+tier = 1
+kind = "flag"
+title = "FP8 KV cache"
+flags = "--kv-cache-dtype fp8_e4m3"''',
+        """[[items]]
+id = "02"
+tier = 1
+kind = "workload"
+title = "FP8 KV cache on long outputs"
+flags = "--kv-cache-dtype fp8_e4m3"
+workload = { random_output_len = 512 }""",
+    )
+    plan = parse_plan(text, source="test.toml")
+    with new_session(store, paths, plan) as s:
+        assert loop.run(s).status == "pivot"
+    exps = store.experiments(s.id)
+    long = [e for e in exps if e.workload.random_output_len == 512]
+    base, change = [e for e in long if e.kind == "baseline"], [e for e in long if e.kind == "change"]
+    assert len(base) == 1 and base[0].plan_item == "02" and base[0].verdict == "baseline"
+    assert len(change) == 1 and change[0].base_experiment_id == base[0].id and change[0].verdict is not None
+    plan_base = [e for e in exps if e.kind == "baseline" and e.workload.random_output_len == 128]
+    assert len(plan_base) == 1  # the plan's own baseline is not the one item 02 is compared with
