@@ -105,7 +105,7 @@ def interpret(answer: str, options: list[str], plan: m.Plan) -> tuple[str, str |
     if re.fullmatch(r"\d+", text) and text in plan.item_ids():
         return "item", text
     words = re.findall(r"[a-z0-9+.-]+", low)
-    if (words and words[0] in STOP_ANSWERS) or low.startswith(STOP_ANSWERS):
+    if words and words[0] in STOP_ANSWERS:
         return "stop", None
     if any(low.startswith(w) for w in CONTINUE_WORDS):
         return "continue", None
@@ -467,21 +467,12 @@ class Autopilot:
             code = all(it.kind == "code" for it in plan.tier_items(t))
             note = " (code changes for you: documented, nothing to run; then the final summary)" if code else ""
             options.append(f"continue: Tier {t} ({plan.tiers.get(t, 'next')}): {items}{note}")
-        untested = [
+        # the summary's Next steps ranking (by the plan's expected gain), so the options match the summary
+        ranked = [
             it
-            for it in plan.items
+            for it, _ in reports.next_steps(ledger)
             if it.kind != "code" and not self._done(method, it) and not (undone and it.id == undone[0].id)
         ]
-        ranked = sorted(
-            untested,
-            key=lambda it: (
-                -(
-                    reports.parse_expectation(it.expected_impact).midpoint_pct
-                    if reports.parse_expectation(it.expected_impact)
-                    else 0.0
-                )
-            ),
-        )
         for it in ranked[:2]:
             options.append(f"{it.id} {it.title}: test it next ({it.expected_impact.strip().rstrip('.')})")
         options.append("stop: write the final summary and end the campaign")

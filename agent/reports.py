@@ -695,7 +695,7 @@ def _default_question(ledger: Ledger, steps: list[tuple[m.PlanItem, Expectation 
     return "Which of these should pivot pursue next, or do you have a different direction in mind?", options
 
 
-def _next_steps(ledger: Ledger) -> list[tuple[m.PlanItem, Expectation | None]]:
+def next_steps(ledger: Ledger) -> list[tuple[m.PlanItem, Expectation | None]]:
     """Items not tested yet, ranked by the midpoint of their expected range (items without a number last)."""
     pending = []
     for item in ledger.plan.items:
@@ -848,7 +848,7 @@ def render_status(ledger: Ledger, number: int, question: str | None, options: Se
 
     # -- Next steps
     out += ["## Next steps", ""]
-    steps = _next_steps(ledger)
+    steps = next_steps(ledger)
     if steps:
         for i, (item, _) in enumerate(steps, start=1):
             tier = plan.tiers.get(item.tier, f"tier {item.tier}")
