@@ -41,9 +41,10 @@ MoE layers, E routed experts, k experts per token, tp/pp/ep the parallel sizes. 
                                 every part (a part's `layers` says where it lives: the dense layers come first,
                                 the embedding sits on the first stage, the lm_head on the last), so the terms
                                 above use stage r's layer counts instead of L/pp. The running requests are
-                                split into n_mb = min(ceil(B / mb), pp) micro-batches of b = ceil(B / n_mb),
-                                mb = --pp-max-micro-batch-size (default max running requests // pp); each
-                                stage's scheduler takes the micro-batches in turn and each micro-batch passes
+                                spread over n_mb = min(B, pp) micro-batches of b = ceil(B / n_mb): SGLang keeps
+                                one running batch per micro-batch and admits each new prefill batch into the one
+                                whose turn it is, up to mb = --pp-max-micro-batch-size (default max running
+                                requests // pp), so at most pp * mb requests run; each stage's scheduler takes the micro-batches in turn and each micro-batch passes
                                 through the stages in order, so every micro-batch advances one token per round
                                 of t = max(n_mb * max_r u_r(b), sum_r u_r(b)): the slowest stage paces a full
                                 pipeline, one micro-batch waits for every stage. SGLang turns the overlap
@@ -280,9 +281,7 @@ class CostModel:
     def decode(self, batch: int, ctx_tokens: float) -> StepCost:
         """One decode step (under PP, one round of micro-batches) for `batch` requests holding `ctx_tokens`."""
         par = self.par
-        micro = 1
-        if par.pp > 1 and par.pp_micro_batch > 0:
-            micro = min(-(-batch // par.pp_micro_batch), par.pp)
+        micro = max(min(batch, par.pp), 1)  # the scheduler keeps each micro-batch within pp_micro_batch
         rows = -(-batch // micro)
         attn_flops = ctx_tokens / micro * self.model.attention_flops_per_ctx_token
         stages = [self._stage(st, rows, ctx_tokens / micro, attn_flops) for st in self.stages]
