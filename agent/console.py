@@ -6,8 +6,9 @@ import json
 from typing import Any
 
 import click
+from rich.cells import cell_len
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 out = Console(highlight=False, soft_wrap=True, markup=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
@@ -23,11 +24,31 @@ def dump(model: Any) -> Any:
     return json.loads(model.model_dump_json())
 
 
+SHORT_WORD = 12  # a number, an id, a flag value: folded, it would read as two values
+
+
+class _Table(Table):
+    """Cells wrap at spaces, and a longer word folds, but a short word (a number, an id) is kept whole: on a
+    narrow terminal "1,329.7" would otherwise come out as "1,329." over "7"."""
+
+    def add_row(self, *renderables: Any, **kwargs: Any) -> None:
+        for column, cell in zip(self.columns, renderables, strict=False):
+            if isinstance(cell, str):
+                _keep_short_words(column, cell)
+        super().add_row(*renderables, **kwargs)
+
+
+def _keep_short_words(column: Column, text: str) -> None:
+    short = [cell_len(word) for word in text.split() if cell_len(word) <= SHORT_WORD]
+    column.min_width = max(column.min_width or 0, *short, 0)
+
+
 def make_table(*columns: str) -> Table:
     """A borderless table whose cells wrap instead of being cut with an ellipsis."""
-    t = Table(box=None)
-    for column in columns:
-        t.add_column(column, overflow="fold")
+    t = _Table(box=None)
+    for header in columns:
+        t.add_column(header, overflow="fold")
+        _keep_short_words(t.columns[-1], header)
     return t
 
 

@@ -126,3 +126,38 @@ def test_tools_lists_builtin_plugins():
 def test_console_script_runs_without_traceback_on_errors(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "agent.cli", "show", "x"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr and "no session 'x'" in proc.stderr
+
+
+def test_tables_keep_numbers_whole_on_a_narrow_terminal():
+    from rich.console import Console
+
+    from agent.console import make_table
+
+    def show(table, width: int) -> str:
+        console = Console(width=width, record=True)
+        console.print(table)
+        return console.export_text()
+
+    # pivot sim predict's table on an 80-column terminal
+    head = (
+        "conc",
+        "ok/fail",
+        "out tok/s",
+        "total tok/s",
+        "peak out",
+        "TTFT ms",
+        "TPOT ms",
+        "ITL ms",
+        "W/GPU",
+        "KV use",
+    )
+    row = ("2048", "2048/0", "1,339", "2,684", "4,036", "30,336", "1,329.7", "796.4", "173", "0.41")
+    table = make_table(*head)
+    table.add_row(*row)
+    text = show(table, 80)
+    assert all(value in text for value in (*row, "ok/fail", "TPOT ms"))
+    # a long word still folds rather than being cut
+    table = make_table("id", "reason")
+    table.add_row("0042", "x" * 60)
+    text = show(table, 40)
+    assert "0042" in text and text.count("x") == 60
