@@ -16,9 +16,13 @@ itself uses a ratio of 1.0 for requests sent with `ignore_eos` ("fixed-length re
 from the early-EOS estimate"), which bench_serving sends; the seeds' table was measured on an earlier
 build and cannot be reproduced with that rule (2048 requests never run at once in a 419k-token pool, so
 the measured peak of 7,216 tok/s is out of reach), so the twin keeps the ratio for them unless
-`SchedulerLimits.full_reservation_for_ignore_eos` is set. The pool is allocated in pages of `page_size` tokens (64 for DSA
-models such as GLM-5 on CUDA), so a request holds ceil(tokens / page_size) pages and the usage SGLang
-reports counts whole pages.
+`SchedulerLimits.full_reservation_for_ignore_eos` is set. For the same reason a request admitted in a
+prefill step holds back ratio x its output from that step on; SGLang (0.5.23 and earlier builds alike)
+charges its whole output until the next step, which admits fewer per step once the pool is nearly full:
+with that rule the twin's 2048 level loses 8% of its output tok/s and its peak falls out of the 25% band
+around the seeds', and at steady state prefill runs in trickles (three times the prefill steps).
+The pool is allocated in pages of `page_size` tokens (64 for DSA models such as GLM-5 on CUDA), so a
+request holds ceil(tokens / page_size) pages and the usage SGLang reports counts whole pages.
 Every token's time comes from the cost model, and the per-request timelines go through the same
 metrics code as a real benchmark (tools/metrics.py).
 """
