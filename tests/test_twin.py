@@ -112,6 +112,23 @@ def test_ignore_eos_requests_can_be_given_a_full_reservation():
     assert full.retractions == 0  # never over-admits
 
 
+def test_sglangs_same_step_reservation_admits_fewer_at_2048():
+    """The scheduler's docstring says why the twin charges a just-admitted request ratio x its output."""
+    from dataclasses import replace
+
+    from tools.engines.sim.scheduler import simulate_level
+
+    t = twin(TABLE["flags"])
+    inputs, outputs, _ = t.workload(WORKLOAD, 2048)
+    level = {}
+    for strict in (False, True):
+        limits = replace(t.limits, full_reservation_when_admitted=strict)
+        sim = simulate_level(t.cost, limits, max_concurrency=2048, input_lens=inputs, output_lens=outputs)
+        level[strict] = t.level(WORKLOAD, sim, 2048)
+    assert level[True].output_throughput < 0.95 * level[False].output_throughput
+    assert level[True].mean_tpot_ms > 1.05 * level[False].mean_tpot_ms
+
+
 def test_pipeline_parallel_turns_the_overlap_scheduler_off_and_spreads_requests_over_micro_batches():
     t = twin("--tp-size 4 --pp-size 2 --max-running-requests 2048")
     assert "Pipeline parallelism is incompatible with overlap schedule." in t.warnings

@@ -18,9 +18,10 @@ build and cannot be reproduced with that rule (2048 requests never run at once i
 the measured peak of 7,216 tok/s is out of reach), so the twin keeps the ratio for them unless
 `SchedulerLimits.full_reservation_for_ignore_eos` is set. For the same reason a request admitted in a
 prefill step holds back ratio x its output from that step on; SGLang (0.5.23 and earlier builds alike)
-charges its whole output until the next step, which admits fewer per step once the pool is nearly full:
-with that rule the twin's 2048 level loses 8% of its output tok/s and its peak falls out of the 25% band
-around the seeds', and at steady state prefill runs in trickles (three times the prefill steps).
+charges its whole output (and a page of slack) until the next step (`full_reservation_when_admitted`),
+which admits fewer per step once the pool is nearly full, so
+prefill comes in trickles: at 2048 the twin loses 8% of its output tok/s with that rule, and refitted with
+it (scripts/calibrate_twin.py) still ends 13% under the seeds' table there, against 3.5% with the ratio.
 The pool is allocated in pages of `page_size` tokens (64 for DSA models such as GLM-5 on CUDA), so a
 request holds ceil(tokens / page_size) pages and the usage SGLang reports counts whole pages.
 Every token's time comes from the cost model, and the per-request timelines go through the same
@@ -57,6 +58,9 @@ class SchedulerLimits:
     # SGLang 0.5.23 reserves the whole remaining output of ignore_eos requests; the seeds' measurements (an
     # earlier build) follow the decaying new_token_ratio for them too, which is the twin's default: see below.
     full_reservation_for_ignore_eos: bool = False
+    # SGLang charges a request admitted in a prefill step its whole output until the next step; the twin's
+    # default charges ratio x output from the start, for the same reason: see below.
+    full_reservation_when_admitted: bool = False
 
 
 @dataclass
@@ -225,7 +229,12 @@ class EngineCore:
                 break
             r.prefilled += take
             tokens += take
-            free -= self._ceil_pages(take) * self.page + ratio * (r.output_len - r.generated)
+            if limits.full_reservation_when_admitted:  # SGLang's _update_prefill_budget
+                free -= self._ceil_pages(take) * self.page + self.page
+                if r.prefilled == r.prompt_now:
+                    free -= r.output_len - r.generated
+            else:
+                free -= self._ceil_pages(take) * self.page + ratio * (r.output_len - r.generated)
             batch.append(r)
             if r.prefilled < r.prompt_now:
                 break  # chunked: this request goes on in the next prefill step
