@@ -44,8 +44,9 @@ MoE layers, E routed experts, k experts per token, tp/pp/ep the parallel sizes. 
                                 spread over n_mb = min(B, pp) micro-batches of b = ceil(B / n_mb): SGLang keeps
                                 one running batch per micro-batch and admits each new prefill batch into the one
                                 whose turn it is, up to mb = --pp-max-micro-batch-size (default max running
-                                requests // pp), so at most pp * mb requests run; each stage's scheduler takes the micro-batches in turn and each micro-batch passes
-                                through the stages in order, so every micro-batch advances one token per round
+                                requests // pp), so at most pp * mb requests run. Each stage's scheduler takes
+                                the micro-batches in turn and each micro-batch passes through the stages in
+                                order, so every micro-batch advances one token per round
                                 of t = max(n_mb * max_r u_r(b), sum_r u_r(b)): the slowest stage paces a full
                                 pipeline, one micro-batch waits for every stage. SGLang turns the overlap
                                 scheduler off under PP, so host and GPU time add. Each GPU is busy
@@ -81,7 +82,7 @@ class Parallel:
     overlap_schedule: bool = True
     mscclpp: bool = False
     single_batch_overlap: bool = False
-    pp_micro_batch: int = 0  # SGLang's pp_max_micro_batch_size; 0: no cap
+    pp_micro_batch: int = 0  # SGLang's pp_max_micro_batch_size (the scheduler runs at most pp x this); 0: unset
 
     @property
     def gpus(self) -> int:

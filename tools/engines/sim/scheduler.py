@@ -19,9 +19,9 @@ the measured peak of 7,216 tok/s is out of reach), so the twin keeps the ratio f
 `SchedulerLimits.full_reservation_for_ignore_eos` is set. For the same reason a request admitted in a
 prefill step holds back ratio x its output from that step on; SGLang (0.5.23 and earlier builds alike)
 charges its whole output (and a page of slack) until the next step (`full_reservation_when_admitted`),
-which admits fewer per step once the pool is nearly full, so
-prefill comes in trickles: at 2048 the twin loses 8% of its output tok/s with that rule, and refitted with
-it (scripts/calibrate_twin.py) still ends 13% under the seeds' table there, against 3.5% with the ratio.
+which admits fewer per step once the pool is nearly full, so prefill comes in trickles: at 2048 the twin
+loses 8% of its output tok/s with that rule, and refitted with it (scripts/calibrate_twin.py) still ends
+13% under the seeds' table there, against 3.5% with the ratio.
 The pool is allocated in pages of `page_size` tokens (64 for DSA models such as GLM-5 on CUDA), so a
 request holds ceil(tokens / page_size) pages and the usage SGLang reports counts whole pages.
 Every token's time comes from the cost model, and the per-request timelines go through the same

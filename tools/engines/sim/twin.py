@@ -185,8 +185,7 @@ class Twin:
         max_running = int(max_running)
         # SGLang's default pp_max_micro_batch_size: max running requests split over the pipeline stages
         micro = int(args.get("pp_max_micro_batch_size") or max(max_running // pp, 1))
-        if pp > 1:  # each micro-batch admits up to `micro` requests (SGLang's pp_budget)
-            max_running = min(max_running, micro * pp)
+        max_running = min(max_running, micro * pp)  # each micro-batch admits up to `micro` (SGLang's pp_budget)
         par = replace(par, cuda_graph_max_bs=min(par.cuda_graph_max_bs, max_running), pp_micro_batch=micro)
         cost = CostModel(model, hw, par)
         chunk = args.get("chunked_prefill_size")
