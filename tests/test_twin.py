@@ -136,6 +136,7 @@ def test_pipeline_parallel_turns_the_overlap_scheduler_off_and_spreads_requests_
     assert t.par.pp_micro_batch == 1024
     # each micro-batch admits up to its cap, so pp x the cap bounds the running requests
     assert twin("--tp-size 4 --pp-size 2 --pp-max-micro-batch-size 64").limits.max_running_requests == 128
+    assert twin("--tp-size 8 --pp-max-micro-batch-size 64").limits.max_running_requests == 64  # pp 1 too
     # new requests join the micro-batch whose turn it is: two requests run as two micro-batches of one
     one, two = t.cost.decode(1, 200), t.cost.decode(2, 400)
     assert two.busy_s == pytest.approx(2 * one.busy_s)  # each GPU works on both in a round
