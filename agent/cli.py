@@ -86,9 +86,18 @@ def sessions(home: Home, as_json: bool) -> None:
     for r in rows:
         status = r.status + (f" (pid {r.locked_by_pid})" if r.locked_by_pid else "")
         table.add_row(
-            r.id, r.name, r.target, r.engine, status, str(r.experiments), r.open_pivot or "", _when(r.updated_at)
+            r.id, r.name, r.target, r.engine, status, str(r.experiments), _gist(r.open_pivot), _when(r.updated_at)
         )
     out.print(table)
+
+
+def _gist(text: str | None, limit: int = 48) -> str:
+    """The start of a long text on one line, cut at a word ('pivot show' and --json give it whole)."""
+    text = " ".join((text or "").split())
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    return (cut.rsplit(" ", 1)[0] if " " in cut else cut) + "…"
 
 
 @cli.command()

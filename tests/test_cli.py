@@ -84,6 +84,11 @@ def test_sessions_and_show(store, small_plan, monkeypatch):
     assert row["open_pivot"] == "Tier 1 done. Go on to Tier 2?" and row["target"] == "org/model-7b on 1x h200"
     text = run("sessions").stdout
     assert "demo01" in text and "Tier 1 done" in text
+    long = "07 Expert parallelism EP8 crashed (experiment 8: requests failed at concurrency 1024). How go on?"
+    store.answer_pivot(store.open_pivot("demo01").id, "Tier 2")
+    store.add_pivot("demo01", m.Pivot(question=long, options=["continue", "stop"]))
+    assert "07 Expert parallelism EP8 crashed (experiment…" in run("sessions").stdout  # the list gives its start
+    assert json.loads(run("sessions", "--json").stdout)[0]["open_pivot"] == long
 
     shown = run("show", "demo", "--json")
     assert shown.exit_code == 0
