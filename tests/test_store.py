@@ -12,6 +12,7 @@ import pytest
 from agent import models as m
 from agent.errors import PivotError, SessionNotFound
 from agent.store import Store
+from tests.factories import bench_level
 
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 
@@ -21,27 +22,13 @@ def _session(plan: m.Plan, sid: str = "abc123", name: str = "run-1") -> m.Sessio
 
 
 def _level(concurrency: int, out_tok_s: float) -> m.BenchLevel:
-    lat = {
-        f"{s}_{k}_ms": 10.0 + i
-        for i, s in enumerate(("mean", "median", "std", "p90", "p95", "p99"))
-        for k in ("e2e_latency", "ttft", "tpot", "itl")
-    }
-    return m.BenchLevel(
-        backend="sglang",
-        dataset_name="random-ids",
-        max_concurrency=concurrency,
-        random_input_len=256,
+    return bench_level(
+        concurrency,
+        out_tok_s,
         random_output_len=256,
-        random_range_ratio=0.0,
         duration=12.5,
         completed=2 * concurrency,
-        total_input_tokens=1000,
-        total_output_tokens=900,
-        request_throughput=3.0,
         input_throughput=80.0,
-        output_throughput=out_tok_s,
-        total_throughput=out_tok_s * 2,
-        concurrency=concurrency * 0.9,
         max_output_tokens_per_s=out_tok_s * 3,
         max_concurrent_requests=concurrency,
         failed=1,
@@ -51,7 +38,6 @@ def _level(concurrency: int, out_tok_s: float) -> m.BenchLevel:
         client_cpu_s=0.4,
         warnings=["client held 95% of the requested concurrency"],
         server_info={"version": "0.5.23"},  # a bench_serving key we do not model is kept
-        **lat,
     )
 
 

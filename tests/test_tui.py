@@ -30,6 +30,7 @@ from agent.tui.app import PivotApp
 from agent.tui.cancel import CancellableEngine, Canceller, StepCancelled
 from agent.tui.controller import ChatController, default_engine
 from agent.tui.screens import PickerScreen
+from tests.factories import bench_level
 from tests.snapshot import assert_snapshot
 
 SIZE = (120, 40)
@@ -386,33 +387,6 @@ async def test_escape_on_sim_http_stops_the_server_process(store: Store, paths: 
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 
 
-def _level(concurrency: int, out_tok_s: float) -> m.BenchLevel:
-    lat = {
-        f"{s}_{k}_ms": 10.0 + i
-        for i, s in enumerate(("mean", "median", "std", "p90", "p95", "p99"))
-        for k in ("e2e_latency", "ttft", "tpot", "itl")
-    }
-    return m.BenchLevel(
-        backend="sglang",
-        dataset_name="random-ids",
-        max_concurrency=concurrency,
-        random_input_len=256,
-        random_output_len=128,
-        random_range_ratio=0.0,
-        duration=10.0,
-        completed=concurrency,
-        total_input_tokens=1000,
-        total_output_tokens=900,
-        request_throughput=3.0,
-        input_throughput=out_tok_s,
-        output_throughput=out_tok_s,
-        total_throughput=out_tok_s * 2,
-        concurrency=concurrency * 0.9,
-        max_output_tokens_per_s=out_tok_s * 2,
-        **lat,
-    )
-
-
 def _ledger(store: Store, paths: Paths, plan_file: Path, monkeypatch: pytest.MonkeyPatch, *, pivot: bool) -> str:
     """A session written by hand (no twin, no autopilot), so the snapshots change only when the TUI does."""
     from agent.plans import load_plan
@@ -431,7 +405,7 @@ def _ledger(store: Store, paths: Paths, plan_file: Path, monkeypatch: pytest.Mon
     def measured(e: m.Experiment, low: float, high: float, verdict: m.Verdict) -> m.Experiment:
         e = store.add_experiment(sid, e)
         result = m.BenchResult(spec=plan.workload, engine="sim", source="simulated", started_at=T0)
-        result.levels = [_level(1, low), _level(32, high)]
+        result.levels = [bench_level(1, low), bench_level(32, high)]
         store.add_bench_result(e.id or 0, result)
         return store.update_experiment(e.model_copy(update={"status": "finished", "verdict": verdict}))
 
