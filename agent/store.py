@@ -325,6 +325,11 @@ def _m006_session_settings(db: Database) -> None:
     db["experiments"].add_column("failure_detail", str)
 
 
+def _m007_combined_items(db: Database) -> None:
+    """Every plan item an experiment combines (a combined step of the search names them all)."""
+    db["experiments"].add_column("plan_items_json", str)
+
+
 MIGRATIONS: list[Migration] = [
     ("001_initial", _m001_initial),
     ("002_server_processes", _m002_server_processes),
@@ -332,6 +337,7 @@ MIGRATIONS: list[Migration] = [
     ("004_analysis", _m004_analysis),
     ("005_telemetry_tokens", _m005_telemetry_tokens),
     ("006_session_settings", _m006_session_settings),
+    ("007_combined_items", _m007_combined_items),
 ]
 
 
@@ -740,6 +746,7 @@ class Store:
         return {
             "session_id": e.session_id,
             "plan_item": e.plan_item,
+            "plan_items_json": json.dumps(e.plan_items),
             "kind": e.kind,
             "title": e.title,
             "hypothesis": e.hypothesis,
@@ -765,6 +772,7 @@ class Store:
             id=row["id"],
             session_id=row["session_id"],
             plan_item=row["plan_item"],
+            plan_items=json.loads(row.get("plan_items_json") or "[]"),
             kind=row["kind"],
             title=row["title"] or "",
             hypothesis=row["hypothesis"] or "",
