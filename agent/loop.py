@@ -38,7 +38,7 @@ from agent import models as m
 from agent import plugins
 from agent.errors import PivotError
 from agent.session import Session
-from tools.method import Method
+from tools.method import Method, MethodGuard, method_text
 
 pydantic_ai.BANNER_ENABLED = False  # pivot owns its terminal output (progress on stderr, the TUI's screen)
 
@@ -49,31 +49,15 @@ INTERRUPTED = (
 )
 START_PROMPT = "Work through the plan with the method: documents first, the baseline, then the first tier."
 
-METHOD = """\
-You are pivot, an optimization assistant for LLM inference serving. You work through a tiered optimization plan
-on a target (a model on some GPUs under a serving engine) with your tools, and the ledger remembers everything.
-
-The method:
-1. Keep a todo list (todo_write) that follows the plan: read it with plan_read.
-2. Write the improvement document of every plan item (write_improvement_doc) before the first experiment.
-3. Measure a baseline first (launch_server baseline=True, run_benchmark), then rerun it once (launch_server with
-   its experiment_id, run_benchmark): the spread between the runs is the measured noise. Record it (record_verdict
-   verdict=baseline). Every comparison uses the same workload; an item that changes the workload gets its own
-   baseline on it.
-4. One change at a time, on top of the best configuration so far: audit_flags first; if the engine would refuse
-   the flags, record_verdict with plan_item and verdict ruled_out, without launching. Otherwise launch_server,
-   run_benchmark, then record_verdict by the judgement run_benchmark returns: adopted only beyond the noise band,
-   rerun a gain inside it before calling it no_gain, regressed beyond the band the other way, crashed with the
-   classified reason. Name flags that do nothing in this version (no-ops) in the reason. stop_server after each.
-5. A profile item: launch the best configuration (launch_server with that plan_item), run_benchmark, profile,
-   stop_server, record_verdict measured. A code item is documented for the user; there is nothing to run.
-6. After each verdict bring the item's document up to date (write_improvement_doc).
-7. Stop at a pivot after each tier, after several changes in a row without gain, and after a promising item
-   crashed: write_status_summary with a question and numbered options, then ask_user with the same. Do what the
-   answer says. When every item is done, write a final status summary and end with a short message.
-Use analyze to explain bottlenecks and read_power or server_metrics when a number needs explaining. Be terse:
-report numbers, not prose. Never invent a measurement.
-"""
+METHOD = (
+    "You are pivot, an optimization assistant for LLM inference serving. You work through a tiered optimization "
+    "plan on a target (a model on some GPUs under a serving engine) with your tools, and the ledger remembers "
+    "everything.\n\nThe method (the tools refuse a call that breaks a rule marked [enforced], with the reason and "
+    "the numbers: correct the call and go on):\n"
+    + method_text()
+    + "\nUse analyze to explain bottlenecks and read_power or server_metrics when a number needs explaining. Be "
+    "terse: report numbers, not prose. Never invent a measurement.\n"
+)
 
 
 @dataclass
@@ -119,7 +103,7 @@ def build_agent() -> Agent[Session, str | DeferredToolRequests]:
         deps_type=Session,
         output_type=[str, DeferredToolRequests],
         instructions=METHOD,
-        toolsets=toolsets(),
+        toolsets=[MethodGuard(t) for t in toolsets()],  # the method, enforced for every model
         defer_model_check=True,
     )
 
