@@ -162,8 +162,8 @@ def _method_options(f: Any) -> Any:
             click.option(
                 "--model",
                 "model",
-                help="A pydantic-ai model string (anthropic:..., openai-chat:...), "
-                "or autopilot. Default: $PIVOT_MODEL, else autopilot.",
+                help="A pydantic-ai model string (anthropic:..., openai-chat:...), autopilot, or "
+                "script:FILE.jsonl (replays one step a line). Default: $PIVOT_MODEL, else autopilot.",
             ),
             click.option(
                 "--model-base-url", help="An OpenAI-compatible server for --model (its key: $PIVOT_MODEL_API_KEY)."

@@ -43,6 +43,7 @@ from tools.method import Method, MethodGuard, method_text
 pydantic_ai.BANNER_ENABLED = False  # pivot owns its terminal output (progress on stderr, the TUI's screen)
 
 AUTOPILOT = "autopilot"
+SCRIPT_PREFIX = "script:"  # --model script:FILE.jsonl (agent/script_model.py)
 INTERRUPTED = (
     "interrupted: pivot was stopped while this tool ran, so its result was lost. Whatever it recorded is in the "
     "ledger: check it (server_status, todo_read, the experiments in the instructions) before doing it again."
@@ -121,12 +122,20 @@ def resolve_model(session: Session) -> Model | str:
         from agent.autopilot import Autopilot
 
         return Autopilot(session).model
+    if name.startswith(SCRIPT_PREFIX):
+        from agent.script_model import ScriptModel
+
+        return ScriptModel(name, session).model
     return provider_model(name, session.record.model_base_url)
 
 
 def provider_model(name: str, base_url: str | None) -> Model:
     """A model other than the autopilot, built now so that a missing key or an unknown provider is a clear error
     before anything runs (nothing is sent to it here)."""
+    if name.startswith(SCRIPT_PREFIX):  # a replayed file: checked now, whole
+        from agent.script_model import ScriptModel
+
+        return ScriptModel(name).model
     try:
         if base_url:
             from pydantic_ai.models.openai import OpenAIChatModel
