@@ -36,6 +36,7 @@ from pydantic_ai.models import Model
 
 from agent import models as m
 from agent import plugins
+from agent.context import CompactHistory
 from agent.errors import PivotError
 from agent.session import Session
 from tools.method import Method, MethodGuard, method_text
@@ -83,11 +84,31 @@ def state_text(session: Session) -> str:
         f"Noise band: {method.band_pct():.1f}% (floor {method.settings.min_gain_pct:g}%); reruns "
         f"{method.settings.reruns}; pivot after {method.settings.stall_after} changes without gain.",
     ]
+    docs = {d.plan_item for d in session.store.documents(session.id) if d.kind == "improvement"}
+    lines.append(f"Improvement documents written: {len(docs & set(plan.item_ids()))} of {len(plan.items)}.")
     best = method.best()
     if best is not None:
         lines.append(f"Best configuration so far: experiment {best.id}: {best.config}")
-    for e in method.experiments[-12:]:
-        lines.append(f"- experiment {e.id} item {e.plan_item or '-'} {e.kind} {e.status} verdict {e.verdict or '-'}")
+    shown = method.experiments[-16:]
+    if len(method.experiments) > len(shown):
+        lines.append(f"Experiments 1-{shown[0].id - 1 if shown[0].id else '?'}: in the ledger (pivot show).")
+    for e in shown:
+        items = "+".join(e.plan_items) or "-"
+        runs = method.run_count(e)
+        why = f": {e.reason[:100]}" if e.reason else ""
+        lines.append(
+            f"- experiment {e.id} item {items} {e.kind} {e.status}, {runs} run{'s' if runs != 1 else ''}, "
+            f"verdict {e.verdict or '-'}{why}"
+        )
+    for p in method.pivots[-3:]:
+        lines.append(f"Pivot asked: {p.question[:160]} -> answer: {p.answer if p.answer is not None else '(open)'}")
+    d = method.decision()
+    tiers = ", ".join(str(t) for t in sorted(d.released))
+    state = "the user answered stop" if d.stopped_at is not None else f"released tiers: {tiers}"
+    nxt = method.next_item(d)
+    lines.append(
+        f"By the method: {state}; next item: {f'{nxt.id} {nxt.title}' if nxt is not None else 'none (finish)'}."
+    )
     if session.live is not None:
         lines.append(f"A server is running for experiment {session.live.experiment_id}.")
     return "\n".join(lines)
@@ -99,12 +120,15 @@ def toolsets() -> list[Any]:
     return [loaded.plugins[name] for name in sorted(loaded.plugins)]
 
 
-def build_agent() -> Agent[Session, str | DeferredToolRequests]:
+def build_agent(compact: bool = True) -> Agent[Session, str | DeferredToolRequests]:
+    """The agent: the method as instructions, every toolset behind the method's guard, and (with `compact`) the
+    conversation a model can afford: recent steps whole, older results as digests (agent/context.py)."""
     agent: Agent[Session, str | DeferredToolRequests] = Agent(
         deps_type=Session,
         output_type=[str, DeferredToolRequests],
         instructions=METHOD,
         toolsets=[MethodGuard(t) for t in toolsets()],  # the method, enforced for every model
+        capabilities=[CompactHistory()] if compact else [],
         defer_model_check=True,
     )
 
@@ -230,6 +254,7 @@ async def run_async(
     prompt: str | None = None,
     usage_limits: UsageLimits | None = None,
     model: Model | str | None = None,
+    compact: bool = True,
 ) -> RunOutcome:
     store = session.store
     history = load_history(session)
@@ -263,7 +288,7 @@ async def run_async(
     persister = Persister(session, stored)
     persister.save(history)  # the repair and the answer, before anything runs
     store.set_session_status(session.id, "active")
-    agent = build_agent()
+    agent = build_agent(compact)
     limits = usage_limits or UsageLimits(request_limit=session.settings.request_limit, tool_calls_limit=None)
     try:
         async with agent.iter(
