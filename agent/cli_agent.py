@@ -135,8 +135,11 @@ def _report(session: Session, outcome: Any, as_json: bool) -> None:
                 "summary": outcome.summary_path,
                 "question": outcome.pivot.question if outcome.pivot else None,
                 "options": outcome.pivot.options if outcome.pivot else [],
+                "hint": outcome.hint,
             }
         )
+        if outcome.status == "failed":
+            raise SystemExit(1)
         return
     if outcome.status == "pivot" and outcome.pivot is not None:
         p = outcome.pivot
@@ -151,8 +154,10 @@ def _report(session: Session, outcome: Any, as_json: bool) -> None:
             highlight=False,
         )
         return
+    if outcome.status == "failed":  # the model failed: one line and a hint, the session left resumable
+        raise PivotError(outcome.message, hint=outcome.hint)
     out.print(f"{outcome.status}: {outcome.message}", highlight=False, soft_wrap=True)
-    if outcome.status in ("stopped", "failed"):
+    if outcome.status == "stopped":
         raise SystemExit(1)
 
 

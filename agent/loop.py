@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -30,7 +31,15 @@ from pydantic_ai import (
     UsageLimitExceeded,
     UsageLimits,
 )
-from pydantic_ai.exceptions import ModelHTTPError, UnexpectedModelBehavior, UserError
+from pydantic_ai.exceptions import (
+    ModelAPIError,
+    ModelAuthenticationError,
+    ModelConnectionError,
+    ModelHTTPError,
+    ModelRateLimitError,
+    UnexpectedModelBehavior,
+    UserError,
+)
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, ToolCallPart, ToolReturnPart, UserPromptPart
 from pydantic_ai.models import Model
 
@@ -44,6 +53,8 @@ from tools.method import Method, MethodGuard, method_text
 pydantic_ai.BANNER_ENABLED = False  # pivot owns its terminal output (progress on stderr, the TUI's screen)
 
 AUTOPILOT = "autopilot"
+MODEL_RETRIES = 3  # the OpenAI-compatible client's retries (with backoff) before a failure is reported
+MODEL_TIMEOUT_S = 300.0  # one model request ($PIVOT_MODEL_TIMEOUT_S overrides it)
 SCRIPT_PREFIX = "script:"  # --model script:FILE.jsonl (agent/script_model.py)
 INTERRUPTED = (
     "interrupted: pivot was stopped while this tool ran, so its result was lost. Whatever it recorded is in the "
@@ -70,6 +81,7 @@ class RunOutcome:
     message: str
     pivot: m.Pivot | None = None
     summary_path: str | None = None
+    hint: str | None = None
 
 
 def state_text(session: Session) -> str:
@@ -162,13 +174,18 @@ def provider_model(name: str, base_url: str | None) -> Model:
         return ScriptModel(name).model
     try:
         if base_url:
+            from openai import AsyncOpenAI
             from pydantic_ai.models.openai import OpenAIChatModel
             from pydantic_ai.providers.openai_compatible import OpenAICompatibleProvider
 
             model_name = name.split(":", 1)[1] if ":" in name else name
-            provider = OpenAICompatibleProvider(
-                "pivot-model", base_url=base_url, api_key=os.environ.get("PIVOT_MODEL_API_KEY") or None
+            client = AsyncOpenAI(
+                base_url=base_url,
+                api_key=os.environ.get("PIVOT_MODEL_API_KEY") or "api-key-not-set",
+                max_retries=model_retries(),  # connection errors, timeouts, 408, 409, 429 and 5xx, with backoff
+                timeout=float(os.environ.get("PIVOT_MODEL_TIMEOUT_S") or MODEL_TIMEOUT_S),
             )
+            provider = OpenAICompatibleProvider("pivot-model", openai_client=client)
             return OpenAIChatModel(model_name, provider=provider)
         from pydantic_ai.models import infer_model
 
@@ -179,6 +196,57 @@ def provider_model(name: str, base_url: str | None) -> Model:
             hint="set the provider's API key in the environment (e.g. ANTHROPIC_API_KEY, OPENAI_API_KEY), "
             "or use --model-base-url for an OpenAI-compatible server, or --model autopilot",
         ) from e
+
+
+SECRET_ENV = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+SECRET_PATTERN = re.compile(r"\b(?:sk|pk|rk|key|api|tok)[-_][A-Za-z0-9_\-]{8,}|\bBearer\s+\S+", re.IGNORECASE)
+
+
+def model_retries() -> int:
+    return int(os.environ.get("PIVOT_MODEL_RETRIES") or MODEL_RETRIES)
+
+
+def redact(text: str) -> str:
+    """`text` with every secret of the environment and anything shaped like a key replaced by ***."""
+    for name, value in os.environ.items():
+        if len(value) >= 8 and any(w in name.upper() for w in SECRET_ENV):
+            text = text.replace(value, "***")
+    return SECRET_PATTERN.sub("***", text)
+
+
+def model_failure(e: Exception, session: Session) -> tuple[str, str]:
+    """One line saying what went wrong with the model, and a hint (never a key, never a traceback)."""
+    rec = session.record
+    where = f"at {rec.model_base_url}" if rec.model_base_url else f"{rec.model or AUTOPILOT}"
+    status = getattr(e, "status_code", None)
+    tried = f" after {model_retries()} retries with backoff" if rec.model_base_url else " after the client's retries"
+    chain: list[BaseException] = [e]
+    while len(chain) < 12 and (nxt := chain[-1].__cause__ or chain[-1].__context__) is not None:
+        chain.append(nxt)  # the causes say why: the SDK's "Connection error." hides "Connection refused"
+    detail = " ".join(str(e).split())[:200]
+    if any(isinstance(x, ConnectionRefusedError) for x in chain):
+        detail = "connection refused"
+    elif any(isinstance(x, TimeoutError) or "timeout" in type(x).__name__.lower() for x in chain):
+        detail = "timed out"
+    if isinstance(e, ModelAuthenticationError) or status in (401, 403):
+        line = f"the model {where} refused the key (HTTP {status or 401})"
+        hint = "check the key in the environment (PIVOT_MODEL_API_KEY with --model-base-url, else the provider's)"
+    elif isinstance(e, ModelRateLimitError) or status == 429:
+        line = f"the model {where} is rate-limited (HTTP 429){tried}"
+        hint = "wait a while, or lower the request rate of your account"
+    elif isinstance(e, ModelConnectionError):
+        line = f"the model {where} did not answer ({detail}){tried}"
+        hint = "check that the model server is up and the URL is right (--model-base-url)"
+    elif isinstance(e, ModelHTTPError) and status is not None and status >= 500:
+        line = f"the model {where} failed (HTTP {status}){tried}: {detail}"
+        hint = "the provider's server failed; try again later"
+    elif isinstance(e, ModelAPIError):
+        line = f"the model {where} failed{f' (HTTP {status})' if status else ''}: {detail}"
+        hint = "check the model's name and settings"
+    else:
+        line = f"the model {where} misbehaved: {detail}"
+        hint = "try again, or another model (--model)"
+    return redact(line), redact(hint)
 
 
 def load_history(session: Session) -> list[ModelMessage]:
@@ -315,9 +383,14 @@ async def run_async(
     except UsageLimitExceeded as e:
         store.set_session_status(session.id, "stopped")
         return RunOutcome("stopped", f"stopped: {e}; `pivot resume {session.id}` goes on")
-    except (ModelHTTPError, UnexpectedModelBehavior) as e:
-        store.set_session_status(session.id, "failed")
-        return RunOutcome("failed", f"the model failed: {e}; `pivot resume {session.id}` tries again")
+    except (ModelAPIError, UnexpectedModelBehavior) as e:
+        # the model did not answer (after the client's retries): nothing measured is lost, the step is redone
+        session.stop_live()
+        store.mark_interrupted(session.id)
+        store.set_session_status(session.id, "waiting")
+        line, hint = model_failure(e, session)
+        session.emit("error", line)
+        return RunOutcome("failed", line, hint=f"{hint}; then `pivot resume {session.id}` goes on where it stopped")
     except (KeyboardInterrupt, asyncio.CancelledError):
         session.stop_live()
         store.mark_interrupted(session.id)  # the step cut short is redone in place on resume
