@@ -156,6 +156,7 @@ def show(home: Home, session_ref: str, as_json: bool) -> None:
                 ],
                 "pivots": [dump(p) for p in pivots],
                 "documents": [dump(d) for d in documents],
+                "usage": [dump(u) for u in store.usage(session.id)],
             }
         )
         return
@@ -167,6 +168,10 @@ def show(home: Home, session_ref: str, as_json: bool) -> None:
     out.print(f"created {_when(session.created_at)}, updated {_when(session.updated_at)}")
     if pid := store.session_lock(session.id):
         out.print(f"in use by pid {pid}")
+    if usage := store.usage(session.id):
+        from agent.reports import usage_text
+
+        out.print(usage_text(usage), highlight=False)
 
     out.print("\n[bold]Todos[/]", markup=True)
     if todos:

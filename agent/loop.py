@@ -324,6 +324,89 @@ async def run_async(
     model: Model | str | None = None,
     compact: bool = True,
 ) -> RunOutcome:
+    meter = UsageMeter(session)
+    try:
+        outcome = await _run_async(session, answer, prompt, usage_limits, model, compact, meter)
+    except BaseException:
+        meter.record("interrupted")
+        raise
+    meter.record(outcome.status)
+    return outcome
+
+
+class UsageMeter:
+    """Keeps one agent run's model usage (requests, tokens, cost where known) in the ledger: a row written at the
+    run's first request and brought up to date after each step, so a summary written during the run counts it."""
+
+    def __init__(self, session: Session) -> None:
+        self.session, self.started = session, m.utcnow()
+        self.run: Any = None  # the AgentRun, once started
+        self.row: m.ModelUsage | None = None
+
+    def record(self, outcome: str = "running") -> None:
+        if self.run is None:
+            return  # nothing was sent to a model
+        try:
+            u = self.run.usage  # a property in pydantic-ai 2.x
+        except Exception:  # a run that failed before its first request
+            return
+        if not u.requests:
+            return
+        rec = self.session.record
+        name = rec.model or AUTOPILOT
+        usage = m.ModelUsage(
+            id=self.row.id if self.row is not None else None,
+            model=name,
+            requests=u.requests,
+            input_tokens=u.input_tokens,
+            output_tokens=u.output_tokens,
+            cost_usd=usage_cost(name, rec.model_base_url, u.input_tokens, u.output_tokens),
+            outcome=outcome,
+            started_at=self.started,
+        )
+        if self.row is None:
+            self.row = self.session.store.add_usage(self.session.id, usage)
+        elif (self.row.requests, self.row.outcome) != (usage.requests, usage.outcome):
+            self.session.store.update_usage(usage)
+            self.row = usage
+
+
+PRICE_PROVIDERS = {
+    "openai-chat": "openai",
+    "openai-responses": "openai",
+    "google-gla": "google",
+    "google-vertex": "google",
+}
+
+
+def usage_cost(model: str, base_url: str | None, input_tokens: int, output_tokens: int) -> float | None:
+    """The price in USD of these tokens where genai-prices knows the model (a provider's model string); None for
+    the autopilot, a scripted or test model, and a self-hosted server at --model-base-url."""
+    if base_url or ":" not in model or model.startswith(SCRIPT_PREFIX):
+        return None
+    provider, name = model.split(":", 1)
+    try:
+        from genai_prices import Usage, calc_price
+
+        price = calc_price(
+            Usage(input_tokens=input_tokens, output_tokens=output_tokens),
+            name,
+            provider_id=PRICE_PROVIDERS.get(provider, provider),
+        )
+    except (LookupError, ImportError, ValueError):
+        return None
+    return float(price.total_price)
+
+
+async def _run_async(
+    session: Session,
+    answer: str | None,
+    prompt: str | None,
+    usage_limits: UsageLimits | None,
+    model: Model | str | None,
+    compact: bool,
+    meter: UsageMeter,
+) -> RunOutcome:
     store = session.store
     history = load_history(session)
     stored = len(history)
@@ -367,12 +450,14 @@ async def run_async(
             deferred_tool_results=deferred,
             usage_limits=limits,
         ) as agent_run:
+            meter.run = agent_run
             async for node in agent_run:
                 messages = list(agent_run.all_messages())
                 request = getattr(node, "request", None)
                 if isinstance(request, ModelRequest) and (not messages or messages[-1] is not request):
                     messages.append(request)
                 persister.save(messages)
+                meter.record()
                 if Agent.is_call_tools_node(node):
                     async with node.stream(agent_run.ctx) as events:
                         async for event in events:

@@ -864,6 +864,22 @@ class MicrobenchResult(_Model):
     measured_at: datetime = Field(default_factory=utcnow)
 
 
+class ModelUsage(_Model):
+    """One agent run's use of its model: requests and tokens as pydantic-ai counted them, and the price where
+    genai-prices knows the model (None otherwise: the autopilot, a scripted model, a self-hosted server)."""
+
+    id: int | None = None
+    session_id: str | None = None
+    model: str
+    requests: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = None
+    outcome: str = ""
+    started_at: datetime = Field(default_factory=utcnow)
+    finished_at: datetime = Field(default_factory=utcnow)
+
+
 def parse_levels(text: str | Iterable[int]) -> list[int]:
     """Concurrency levels from '1,64,256' (or an iterable of ints), checked like BenchSpec does."""
     if isinstance(text, str):

@@ -255,6 +255,7 @@ class Ledger:
     documents: list[m.Document]
     pivots: list[m.Pivot]
     runs: dict[int, int] = field(default_factory=dict)  # experiment -> benchmark runs (reruns average)
+    usage: list[m.ModelUsage] = field(default_factory=list)  # the model's use, one row per agent run
 
     @classmethod
     def read(cls, store: Store, session_id: str) -> Ledger:
@@ -286,6 +287,7 @@ class Ledger:
             documents=store.documents(record.id),
             pivots=store.pivots(record.id),
             runs=runs,
+            usage=store.usage(record.id),
         )
 
     @property
@@ -877,8 +879,30 @@ def render_status(ledger: Ledger, number: int, question: str | None, options: Se
     out += ["## Question", "", question, ""]
     if options:
         out += [f"{i}. {o}" for i, o in enumerate(options, start=1)] + [""]
+    elif billed := [u for u in ledger.usage if u.model != "autopilot"]:  # the final summary: the model's use
+        out += [usage_text(billed), ""]  # (the built-in autopilot costs nothing; its tokens are estimates)
     text = "\n".join(out).rstrip() + "\n"
     return Summary(number, text, sorted(used), question, options)
+
+
+def usage_text(usage: Sequence[m.ModelUsage]) -> str:
+    """The model's use over a session's runs in one sentence: requests, tokens and cost (where it is known)."""
+    requests = sum(u.requests for u in usage)
+    tokens_in = sum(u.input_tokens for u in usage)
+    tokens_out = sum(u.output_tokens for u in usage)
+    models = ", ".join(dict.fromkeys(u.model for u in usage))
+    priced = [u.cost_usd for u in usage if u.cost_usd is not None]
+    if priced and len(priced) == len(usage):
+        cost = f"cost ${sum(priced):,.2f} (genai-prices)"
+    elif priced:
+        cost = f"cost ${sum(priced):,.2f} for the runs with a known price"
+    else:
+        cost = "no price known for this model"
+    runs = len(usage)
+    return (
+        f"Model use ({models}): {runs} run{'s' if runs != 1 else ''}, {requests:,} requests, {tokens_in:,} input "
+        f"and {tokens_out:,} output tokens; {cost}."
+    )
 
 
 def _root_cause(ledger: Ledger, used: set[int]) -> list[str]:

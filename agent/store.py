@@ -330,6 +330,27 @@ def _m007_combined_items(db: Database) -> None:
     db["experiments"].add_column("plan_items_json", str)
 
 
+def _m011_usage(db: Database) -> None:
+    """Each agent run's model requests, input and output tokens, and cost where it is known."""
+    db["model_usage"].create(
+        {
+            "id": int,
+            "session_id": str,
+            "model": str,
+            "requests": int,
+            "input_tokens": int,
+            "output_tokens": int,
+            "cost_usd": float,
+            "outcome": str,
+            "started_at": str,
+            "finished_at": str,
+        },
+        pk="id",
+        foreign_keys=[("session_id", "sessions", "id")],
+    )
+    db["model_usage"].create_index(["session_id"])
+
+
 MIGRATIONS: list[Migration] = [
     ("001_initial", _m001_initial),
     ("002_server_processes", _m002_server_processes),
@@ -338,6 +359,7 @@ MIGRATIONS: list[Migration] = [
     ("005_telemetry_tokens", _m005_telemetry_tokens),
     ("006_session_settings", _m006_session_settings),
     ("007_combined_items", _m007_combined_items),
+    ("011_usage", _m011_usage),
 ]
 
 
@@ -1146,6 +1168,62 @@ class Store:
                 "update sessions set status = 'active', updated_at = ? where id = ?", [now, rows[0]["session_id"]]
             )
             return self._pivot(db["pivots"].get(pivot_id))
+
+    # ---- model usage
+
+    def add_usage(self, session_id: str, usage: m.ModelUsage) -> m.ModelUsage:
+        """Record one agent run's model usage."""
+        with self._write() as db:
+            table = db["model_usage"]
+            table.insert(
+                {
+                    "session_id": session_id,
+                    "model": usage.model,
+                    "requests": usage.requests,
+                    "input_tokens": usage.input_tokens,
+                    "output_tokens": usage.output_tokens,
+                    "cost_usd": usage.cost_usd,
+                    "outcome": usage.outcome,
+                    "started_at": _ts(usage.started_at),
+                    "finished_at": _ts(usage.finished_at),
+                }
+            )
+            usage_id = table.last_pk
+        return usage.model_copy(update={"id": usage_id, "session_id": session_id})
+
+    def update_usage(self, usage: m.ModelUsage) -> None:
+        """Bring a run's usage row up to date (the run goes on: its numbers so far)."""
+        with self._write() as db:
+            db["model_usage"].update(
+                usage.id,
+                {
+                    "requests": usage.requests,
+                    "input_tokens": usage.input_tokens,
+                    "output_tokens": usage.output_tokens,
+                    "cost_usd": usage.cost_usd,
+                    "outcome": usage.outcome,
+                    "finished_at": _ts(usage.finished_at),
+                },
+            )
+
+    def usage(self, session_id: str) -> list[m.ModelUsage]:
+        """The session's model usage, one row per agent run, oldest first."""
+        with self._read() as db:
+            return [
+                m.ModelUsage(
+                    id=r["id"],
+                    session_id=r["session_id"],
+                    model=r["model"],
+                    requests=r["requests"] or 0,
+                    input_tokens=r["input_tokens"] or 0,
+                    output_tokens=r["output_tokens"] or 0,
+                    cost_usd=r["cost_usd"],
+                    outcome=r["outcome"] or "",
+                    started_at=_dt(r["started_at"]),
+                    finished_at=_dt(r["finished_at"]),
+                )
+                for r in db["model_usage"].rows_where("session_id = ?", [session_id], order_by="id")
+            ]
 
     def pivots(self, session_id: str) -> list[m.Pivot]:
         with self._read() as db:

@@ -11,6 +11,7 @@ from agent.store import MIGRATIONS, Store
 
 TABLES = {
     "_migrations",
+    "model_usage",
     "sessions",
     "messages",
     "todos",
