@@ -254,15 +254,26 @@ def test_a_verdict_that_contradicts_the_numbers_is_refused(ledger):
     assert ledger.store.get_experiment(e.id).verdict is None
 
 
-def test_a_second_item_after_a_finished_tier_needs_a_pivot(ledger):
+def pivot(ledger: Ledger, question: str, options: list[str]) -> loop.RunOutcome:
+    return ledger.run(
+        [
+            {"tool": "write_status_summary", "args": {"question": question, "options": options}},
+            {"tool": "ask_user", "args": {"question": question, "options": options}},
+        ]
+    )
+
+
+def test_an_item_of_another_tier_after_a_finished_tier_needs_a_pivot(ledger):
+    asked = pivot(ledger, "The baseline is measured (noise 1%). Which item first?", ["continue", "03 test it next"])
+    assert asked.status == "pivot"
     steps = []
-    for item in ("01", "02"):
+    for item in ("01", "02"):  # the model finishes Tier 1 first, then turns to 03 (asked for at the pivot)
         steps += [
             {"tool": "launch_server", "args": {"plan_item": item}},
             {"tool": "run_benchmark", "args": {}},
             {"tool": "stop_server", "args": {}},
         ]
-    ledger.run(steps)
+    ledger.run(steps, answer="2")
     for e in ledger.store.experiments(ledger.sid)[1:]:
         j = Method.read(ledger.store, ledger.sid).judge(e)
         if j.suggestion == "rerun":
@@ -271,19 +282,15 @@ def test_a_second_item_after_a_finished_tier_needs_a_pivot(ledger):
         ledger.run(
             [{"tool": "record_verdict", "args": {"experiment_id": e.id, "verdict": j.suggestion, "reason": j.text}}]
         )
-    assert all(e.verdict for e in ledger.store.experiments(ledger.sid))
-    why = ledger.refused([{"tool": "launch_server", "args": {"plan_item": "01"}}], "pivot_after_tier")
+    assert [e.plan_items for e in ledger.store.experiments(ledger.sid) if e.verdict] == [[], ["01"], ["02"]]
+    why = ledger.refused([{"tool": "launch_server", "args": {"plan_item": "03"}}], "pivot_after_tier")
     assert "Tier 1 (Flags) is finished" in why
+    # a retest within the finished tier is not another tier's item
+    ledger.run([{"tool": "launch_server", "args": {"plan_item": "01"}}, {"tool": "stop_server"}])
+    assert ledger.store.experiments(ledger.sid)[-1].plan_items == ["01"]
     question = "Tier 1 done: 01 gave no gain, 02 crashed at 1024. Which way next?"
-    options = ["continue: Tier 2 (03 Fewer running requests)", "stop: write the final summary"]
-    outcome = ledger.run(
-        [
-            {"tool": "write_status_summary", "args": {"question": question, "options": options}},
-            {"tool": "ask_user", "args": {"question": question, "options": options}},
-        ]
-    )
-    assert outcome.status == "pivot"
-    ledger.run([{"tool": "launch_server", "args": {"plan_item": "03"}}], answer="1")  # released by the answer
+    assert pivot(ledger, question, ["continue: Tier 2", "stop: write the final summary"]).status == "pivot"
+    ledger.run([{"tool": "launch_server", "args": {"plan_item": "03"}}], answer="1")  # 03, asked for, now goes
     assert ledger.store.experiments(ledger.sid)[-1].plan_items == ["03"]
 
 

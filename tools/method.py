@@ -584,16 +584,20 @@ def _check_pivot_after_tier(method: Method, session: Session, tool: str, args: A
         return None
     if tool == "launch_server" and args.get("baseline") and not _launch_items(method, args):
         return None
+    items = _launch_items(method, args) if tool == "launch_server" else [str(args.get("plan_item"))]
+    tiers_of_step = {method.plan.item(i).tier for i in items if i in method.plan.item_ids()}
     last_pivot = max((p.asked_at for p in method.pivots), default=None)
     d = method.decision()
     for tier in sorted(d.released):
         at = _tier_finished_at(method, tier)
-        if at is not None and (last_pivot is None or at > last_pivot):
-            name = method.plan.tiers.get(tier, "")
-            return (
-                f"Tier {tier}{f' ({name})' if name else ''} is finished: stop at a pivot before the next item "
-                "(write_status_summary with a question and options, then ask_user with the same)"
-            )
+        if at is None or (last_pivot is not None and at <= last_pivot) or tiers_of_step <= {tier}:
+            continue  # not finished, or asked about since, or a retest within the tier itself
+        name = method.plan.tiers.get(tier, "")
+        return (
+            f"Tier {tier}{f' ({name})' if name else ''} is finished: stop at a pivot before an item of another "
+            f"tier ({', '.join(items)}): write_status_summary with a question and options, then ask_user with the "
+            "same"
+        )
     return None
 
 
@@ -666,7 +670,7 @@ RULES: list[Rule] = [
     Rule("docs_after", "After each verdict bring the item's document up to date (write_improvement_doc)."),
     Rule(
         "pivot_after_tier",
-        "When a tier is finished, stop at a pivot before any further item: write_status_summary with a question "
+        "When a tier is finished, stop at a pivot before an item of another tier: write_status_summary with a question "
         "and numbered options, then ask_user with the same. Stop at a pivot too after several changes in a row "
         "without gain and after a promising item crashed. Do what the answer says.",
         _check_pivot_after_tier,
