@@ -342,7 +342,8 @@ class Autopilot:
         elif kind == "clarify":
             p = d.unclear
             assert p is not None
-            return (f"{d.why_unclear} {understood(p.options, plan)} {p.question}", p.options)
+            options = p.options or ["continue: go on with the plan", "stop: write the final summary and end"]
+            return (f"{d.why_unclear} {understood(p.options, plan)} {p.question}", options)
         elif kind == "baseline":
             base = method.baseline()
             why = (
