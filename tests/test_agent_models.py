@@ -62,6 +62,9 @@ async def test_a_model_that_calls_every_tool_leaves_the_expected_rows(store, pat
     script = Script(
         [
             ("plan_read", {"item_id": "02"}),
+            ("write_improvement_doc", {"plan_item": "01"}),
+            ("write_improvement_doc", {"plan_item": "03"}),
+            ("write_improvement_doc", {"plan_item": "04"}),
             (
                 "todo_write",
                 {
@@ -84,8 +87,8 @@ async def test_a_model_that_calls_every_tool_leaves_the_expected_rows(store, pat
             ("record_verdict", {"experiment_id": 1, "verdict": "baseline", "reason": "the reference"}),
             ("stop_server", {}),
             ("microbench", {}),
-            ("write_status_summary", {"question": "Go on?", "options": ["yes", "no"]}),
-            ("ask_user", {"question": "Go on?", "options": ["yes", "no"]}),
+            ("write_status_summary", {"question": "Go on with Tier 2?", "options": ["yes", "no"]}),
+            ("ask_user", {"question": "Go on with Tier 2?", "options": ["yes", "no"]}),
         ]
     )
     with _session(store, paths) as s:
@@ -104,7 +107,7 @@ async def test_a_model_that_calls_every_tool_leaves_the_expected_rows(store, pat
     docs = store.documents(sid)
     assert {d.kind for d in docs} == {"improvement", "status"}
     pivot = store.open_pivot(sid)
-    assert pivot is not None and pivot.tool_call_id == "c17" and pivot.summary_path.endswith("status-001.md")
+    assert pivot is not None and pivot.tool_call_id == "c20" and pivot.summary_path.endswith("status-001.md")
     assert store.servers(sid, running_only=True) == [] and s.live is None
     assert store.messages(sid)  # the conversation is in the ledger
     errors = script.retried()
@@ -112,8 +115,10 @@ async def test_a_model_that_calls_every_tool_leaves_the_expected_rows(store, pat
 
 
 async def test_bad_arguments_come_back_as_errors_and_the_model_recovers(store, paths):
+    docs = [("write_improvement_doc", {"plan_item": i}) for i in ("01", "02", "03", "04")]
     script = Script(
         [
+            *docs,
             ("launch_server", {"plan_item": "02"}),  # no baseline yet: refused with why
             ("launch_server", {"baseline": "yes please"}),  # not a bool: the schema says so
             ("launch_server", {"baseline": True}),
@@ -218,7 +223,9 @@ async def test_a_pivot_asked_beside_another_tool_call_is_answered_in_place(store
             Resp(
                 parts=[
                     ToolCallPart("todo_read", {}, tool_call_id="a"),
-                    ToolCallPart("ask_user", {"question": "Go?", "options": ["yes"]}, tool_call_id="b"),
+                    ToolCallPart(
+                        "ask_user", {"question": "Go on with Tier 2?", "options": ["yes", "no"]}, tool_call_id="b"
+                    ),
                 ]
             ),
             Resp(parts=[TextPart("went on")]),

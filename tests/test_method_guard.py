@@ -300,6 +300,7 @@ def test_an_item_of_another_tier_after_a_finished_tier_needs_a_pivot(ledger):
         {"question": "a", "options": ["a"]},
         {"question": "Tier 1 is done. Which way next?", "options": []},
         {"question": "Tier 1 is done. Which way next?", "options": ["go", "go"]},
+        {"question": "Go on?", "options": ["yes", "no"]},
     ],
 )
 def test_a_question_that_is_not_a_question_is_refused(ledger, args):

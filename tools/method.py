@@ -411,7 +411,7 @@ class Method:
 Args = dict[str, Any]
 Check = Callable[["Method", Session, str, Args], "str | None"]
 
-MIN_QUESTION_CHARS = 20
+MIN_QUESTION_CHARS = 12
 MIN_OPTIONS = 2
 
 
@@ -609,17 +609,13 @@ def _check_question(method: Method, session: Session, tool: str, args: Args) -> 
     if len(question) < MIN_QUESTION_CHARS or len(question.split()) < 3:
         return (
             f"{question!r} is not a question the user can answer: say what was found (the numbers) and what to "
-            f"decide, in at least {MIN_QUESTION_CHARS} characters"
+            f"decide, in at least three words and {MIN_QUESTION_CHARS} characters"
         )
-    if tool == "ask_user":
-        if len(options) < MIN_OPTIONS or len(set(o.lower() for o in options)) < len(options):
-            return (
-                f"a pivot offers at least {MIN_OPTIONS} distinct options (what each would run, and 'stop'); got "
-                f"{options}"
-            )
-        short = [o for o in options if len(o) < 4]
-        if short:
-            return f"options {short} say nothing: each option says what pivot would do"
+    distinct = len({o.lower() for o in options}) == len(options)
+    if tool == "ask_user" and (len(options) < MIN_OPTIONS or not distinct):
+        return (
+            f"a pivot offers at least {MIN_OPTIONS} distinct options (what each would run, and 'stop'); got {options}"
+        )
     return None
 
 
@@ -677,8 +673,8 @@ RULES: list[Rule] = [
     ),
     Rule(
         "question",
-        f"A pivot's question says what was found and what to decide (at least {MIN_QUESTION_CHARS} characters); "
-        f"ask_user offers at least {MIN_OPTIONS} distinct options, each saying what pivot would do.",
+        "A pivot's question says what was found and what to decide (three words at least); ask_user offers at "
+        f"least {MIN_OPTIONS} distinct options, each saying what pivot would do.",
         _check_question,
     ),
     Rule(
@@ -687,6 +683,9 @@ RULES: list[Rule] = [
         "short message; the method decides from the ledger whether the campaign is finished.",
     ),
 ]
+
+
+GUARDED_TOOLS = frozenset({"launch_server", "record_verdict", "ask_user", "write_status_summary"})
 
 
 def method_text() -> str:
@@ -700,6 +699,8 @@ def method_text() -> str:
 
 def refusal(session: Session, tool: str, args: Args) -> str | None:
     """Why the method refuses this call, or None when it may run. Reads the ledger afresh."""
+    if tool not in GUARDED_TOOLS:
+        return None  # reads and measurements of a running server change nothing the method rules on
     checks = [r for r in RULES if r.check is not None]
     method = Method.read(session.store, session.id)
     for rule in checks:
