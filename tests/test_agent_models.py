@@ -194,6 +194,8 @@ async def test_pydantic_ais_test_model_can_drive_every_tool_without_breaking_the
             assert "retries" in str(e).lower() or "exceeded" in str(e).lower(), e
     assert store.get_session(s.id).plan.name == "written-in-a-test"
     assert store.servers(s.id, running_only=True) == []
+    assert store.pivots(s.id) == []  # its question "a" is refused by the method: no pivot asks nonsense
+    assert store.experiments(s.id) == []  # nor does anything launch before the documents
 
 
 @pytest.fixture
