@@ -38,7 +38,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from agent import models as m
 from agent import reports
 from agent.session import Session
-from tools.method import Decision, Method, understood
+from tools.method import Decision, Method, baseline_runs_needed, understood
 
 PROMISING_FACTOR = 2.0  # a plan item is promising when it expects at least this times the noise floor
 
@@ -203,7 +203,7 @@ class Autopilot:
             return None
         if e.kind == "baseline":
             if j.suggestion == "baseline":
-                if method.run_count(e) < 1 + method.settings.reruns:
+                if method.run_count(e) < baseline_runs_needed(method):
                     return Call("launch_server", {"experiment_id": e.id})  # a second run measures the noise
                 return Call("record_verdict", {"experiment_id": e.id, "verdict": "baseline", "reason": j.text})
             return Call("record_verdict", {"experiment_id": e.id, "verdict": "crashed", "reason": j.text})

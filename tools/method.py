@@ -412,7 +412,7 @@ Args = dict[str, Any]
 Check = Callable[["Method", Session, str, Args], "str | None"]
 
 MIN_QUESTION_CHARS = 12
-MIN_OPTIONS = 2
+MIN_OPTIONS = 1
 
 
 @dataclass(frozen=True)
@@ -613,9 +613,7 @@ def _check_question(method: Method, session: Session, tool: str, args: Args) -> 
         )
     distinct = len({o.lower() for o in options}) == len(options)
     if tool == "ask_user" and (len(options) < MIN_OPTIONS or not distinct):
-        return (
-            f"a pivot offers at least {MIN_OPTIONS} distinct options (what each would run, and 'stop'); got {options}"
-        )
+        return f"a pivot offers distinct options (what each would run, and 'stop'); got {options}"
     return None
 
 
@@ -673,8 +671,8 @@ RULES: list[Rule] = [
     ),
     Rule(
         "question",
-        "A pivot's question says what was found and what to decide (three words at least); ask_user offers at "
-        f"least {MIN_OPTIONS} distinct options, each saying what pivot would do.",
+        "A pivot's question says what was found and what to decide (three words at least); ask_user offers "
+        "distinct numbered options, each saying what pivot would do (and 'stop').",
         _check_question,
     ),
     Rule(
