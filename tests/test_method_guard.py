@@ -312,3 +312,19 @@ def test_the_script_ends_cleanly_and_resumes_where_it_stopped(ledger):
     outcome = ledger.run([{"tool": "todo_read", "args": {}}])
     assert outcome.status in ("waiting", "finished") and "ended after 1 steps" in outcome.message
     assert ledger.store.get_session(ledger.sid).status == "waiting"
+
+
+def test_the_autopilot_works_the_plan_to_the_end_without_a_refusal(tmp_path):
+    ledger = _new(tmp_path)
+    ledger.store.set_session_model(ledger.sid, "autopilot")
+    with Session.open(ledger.store, ledger.paths, ledger.sid) as s:
+        outcome = loop.run(s)
+    for answer in ("1", "continue", "1", "1", "1"):
+        if outcome.status != "pivot":
+            break
+        with Session.open(ledger.store, ledger.paths, ledger.sid) as s:
+            outcome = loop.run(s, answer=answer)
+    assert outcome.status == "finished", outcome.message
+    assert ledger.refusals() == []
+    items = {i for e in ledger.store.experiments(ledger.sid) for i in e.plan_items}
+    assert items == {"01", "02", "03"}  # every item with something to run (04 is code)
