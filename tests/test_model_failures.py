@@ -20,13 +20,21 @@ from agent.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-test-0123456789abcdefSECRET"
+ANSWER = {
+    "id": "c1",
+    "object": "chat.completion",
+    "created": 0,
+    "model": "m",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "done for now"}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 1234, "completion_tokens": 5, "total_tokens": 1239},
+}
 
 
 class FakeModel:
     """An OpenAI-compatible /v1/chat/completions that answers every request with `status` (or sleeps)."""
 
-    def __init__(self, status: int, sleep_s: float = 0.0) -> None:
-        self.status, self.sleep_s, self.requests = status, sleep_s, 0
+    def __init__(self, status: int, sleep_s: float = 0.0, fail_first: int | None = None) -> None:
+        self.status, self.sleep_s, self.requests, self.fail_first = status, sleep_s, 0, fail_first
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -35,9 +43,12 @@ class FakeModel:
                 self.rfile.read(int(self.headers.get("content-length") or 0))
                 if outer.sleep_s:
                     time.sleep(outer.sleep_s)
+                status = outer.status
                 body = json.dumps({"error": {"message": f"Incorrect API key provided: {KEY}", "type": "x"}}).encode()
+                if outer.fail_first is not None and outer.requests > outer.fail_first:
+                    status, body = 200, json.dumps(ANSWER).encode()  # the failure passed
                 try:
-                    self.send_response(outer.status)
+                    self.send_response(status)
                     self.send_header("content-type", "application/json")
                     self.send_header("retry-after", "0")
                     self.send_header("content-length", str(len(body)))
@@ -110,3 +121,18 @@ def test_a_model_that_does_not_answer_in_time(tmp_path):
     finally:
         fake.close()
     check(tmp_path, done, "timed out")
+
+
+def test_a_server_error_that_passes_is_retried_and_the_run_goes_on(tmp_path):
+    fake = FakeModel(503, fail_first=2)
+    try:
+        done = run(tmp_path, fake.url, PIVOT_MODEL_RETRIES="3")
+    finally:
+        fake.close()
+    assert done.returncode == 0 and "waiting: done for now" in done.stdout, done.stdout + done.stderr
+    assert fake.requests == 3
+    with Store(Paths.from_env(tmp_path).db_path) as store:
+        (session,) = store.list_sessions()
+        (usage,) = store.usage(session.id)
+    # the provider's own counts, kept per run; a self-hosted server has no price
+    assert (usage.requests, usage.input_tokens, usage.output_tokens, usage.cost_usd) == (1, 1234, 5, None)
