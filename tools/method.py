@@ -10,6 +10,10 @@ one module, so an LLM and the built-in policy are held to the same rules:
   (max - min) / mean of the baseline's runs at its judged level;
 - a change is adopted only when its gain beats the band; a gain inside the band is rerun (up to `reruns`
   times) and then called no gain; a loss beyond the band is a regression; failed requests are a crash.
+
+At the end of the module, RULES is the method as the model reads it and as MethodGuard (a WrapperToolset around
+every toolset of the agent) enforces it, for every model: a call that breaks a rule is refused before its tool
+runs, with the reason and the numbers.
 """
 
 from __future__ import annotations
