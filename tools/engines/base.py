@@ -14,6 +14,7 @@ The protocol itself (agent/session.py: Engine, Deployment) is the contract; thes
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
@@ -23,6 +24,15 @@ from agent.session import Diagnosis, Engine, FlagAudit, Parallelism
 from tools.engines.catalog import Catalog, CatalogError, FlagSpec, audit, load_catalog
 from tools.engines.failures import COMMON_RULES, FailureRule, diagnose
 from tools.engines.process import DEFAULT_READY_TIMEOUT_S
+
+
+def argv_option(value: str | Sequence[str] | None) -> list[str]:
+    """An argv list from an option given as a list, or as a string split like a shell would (never run by one)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return shlex.split(value)
+    return [str(v) for v in value]
 
 
 class BaseEngine:
