@@ -161,7 +161,7 @@ async def serve(args: dict) -> None:
     state = State(model, int(args["max_num_seqs"] or 256), tpot_s, int(crash) if crash else None)
     host = args["host"] or "0.0.0.0"
     server = await asyncio.start_server(lambda r, w: handle(r, w, state), host, int(args["port"]))
-    log("api_server.py:1]", f"Starting vLLM server on http://{host}:{args['port']}")
+    log("api_server.py:139", f"Starting vLLM server on http://{host}:{args['port']}")
     print(f"INFO:     Started server process [{os.getpid()}]", flush=True)
     print("INFO:     Waiting for application startup.", flush=True)
     print("INFO:     Application startup complete.", flush=True)
@@ -179,7 +179,7 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(e.stderr)
         return e.exit_code
     log(
-        "utils.py:233]",
+        "utils.py:233",
         f"non-default args: {{'model': {args['model']!r}, 'tensor_parallel_size': {args['tensor_parallel_size']}}}",
     )
     if args["gpu_memory_utilization"] < 0.1:
