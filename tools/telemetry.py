@@ -3,13 +3,13 @@
 Two background threads sample while a server is benchmarked: one reads every GPU (NVML through
 `pynvml`, from the nvidia-ml-py package; on the twin, `GET /sim/telemetry`), one scrapes the server's
 Prometheus `/metrics` for the engine's gauges (`Engine.gauges` maps pivot's names, GAUGE_KEYS, to the engine's:
-SGLang's `sglang:num_running_reqs`, vLLM's `vllm:num_requests_running`, ...). `TelemetryRecorder.mark_level()` / `end_level()` bracket a benchmark level; each level
-becomes one `models.Telemetry`: per GPU the mean, p95 and max power, the enforced limit, utilization,
-clocks, peak memory, peak temperature and the joules from the GPU's total-energy counter (NVML's power
-reading is a ~1 s average, the counter is exact), plus the server's queue and KV usage and the output
-tokens per joule. Nothing here raises into a run: without a driver the level says source "unavailable"
-and error "NVML unavailable: ...", a server without `--enable-metrics` leaves `server_metrics` empty with
-the reason in `error`.
+SGLang's `sglang:num_running_reqs`, vLLM's `vllm:num_requests_running`, ...).
+`TelemetryRecorder.mark_level()` / `end_level()` bracket a benchmark level; each level becomes one
+`models.Telemetry`: per GPU the mean, p95 and max power, the enforced limit, utilization, clocks, peak memory,
+peak temperature and the joules from the GPU's total-energy counter (NVML's power reading is a ~1 s average, the
+counter is exact), plus the server's queue and KV usage and the output tokens per joule. Nothing here raises into
+a run: without a driver the level says source "unavailable" and error "NVML unavailable: ...", a server without
+its metrics (SGLang's `--enable-metrics`) leaves `server_metrics` empty with the reason in `error`.
 
     recorder = TelemetryRecorder("http://127.0.0.1:30000", gauges=engine.gauges)   # simulated=True for the twin
     recorder.start()

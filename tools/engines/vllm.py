@@ -73,8 +73,9 @@ FAILURE_RULES: tuple[FailureRule, ...] = (
 
 
 class VLLMEngine(CatalogEngine):
-    """vLLM, launched as a process (`vllm serve` or `python -m vllm.entrypoints.openai.api_server`), audited against
-    the catalog of its own parser and benchmarked over its OpenAI endpoints."""
+    """vLLM, launched as a process (`vllm serve` or its api_server module), audited and benchmarked over OpenAI's API.
+
+    The audit is against the catalog of vLLM's own parser; benchmarks use /v1/completions (or chat)."""
 
     catalog_engine = "vllm"
     ready_line = READY_LINE
