@@ -261,7 +261,7 @@ def load_engine(name: str, **options: Any) -> Engine:
     except Exception as e:
         raise PivotError(f"engine {name!r} could not be set up: {type(e).__name__}: {e}") from e
     if not isinstance(engine, Engine):
-        missing = sorted(n for n in _ENGINE_MEMBERS if not hasattr(engine, n))
+        missing = sorted(n for n in _ENGINE_MEMBERS if not hasattr(engine, n))  # contract: what a plugin lacks
         raise PivotError(
             f"engine plugin {name!r} did not return an Engine (got {type(engine).__name__}"
             + (f", which lacks {', '.join(missing)})" if missing else ")"),
