@@ -5,6 +5,8 @@ parses its argv with the same catalog and serves the OpenAI endpoints, /health a
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -239,3 +241,18 @@ def test_the_generator_finds_deprecated_and_noop_flags_in_the_source(tmp_path):
     deprecated, noop = gen.detect(tmp_path, flags, helps)
     assert [(d["flag"], d["replacement"]) for d in deprecated] == [("--old-flag", "--new-flag")]
     assert [n["flag"] for n in noop] == ["--old-flag"]  # "no effect with Ray" is a condition, not a no-op
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not os.environ.get("PIVOT_VLLM_SOURCE"), reason="set PIVOT_VLLM_SOURCE to an unpacked vllm 0.33.0 wheel"
+)
+def test_the_committed_catalog_is_what_the_generator_writes_from_vllms_source():
+    proc = subprocess.run(
+        [sys.executable, "scripts/gen_vllm_catalog.py", "--source", os.environ["PIVOT_VLLM_SOURCE"], "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
