@@ -12,6 +12,7 @@ from functools import cached_property
 from typing import Any
 
 import click
+from rich.markup import escape
 
 from agent import __version__, plugins
 from agent import models as m
@@ -40,9 +41,9 @@ class PivotGroup(click.Group):
         try:
             return super().invoke(ctx)
         except PivotError as e:
-            err.print(f"[bold red]error:[/] {e.message}", markup=True)
-            if e.hint:
-                err.print(f"[yellow]hint:[/] {e.hint}", markup=True)
+            err.print(f"[bold red]error:[/] {escape(e.message)}", markup=True)
+            if e.hint:  # escaped: a server's log line such as vLLM's "[api_server.py:139] ..." is not markup
+                err.print(f"[yellow]hint:[/] {escape(e.hint)}", markup=True)
             ctx.exit(1)
 
 

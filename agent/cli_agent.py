@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from agent import models as m
-from agent.cli_engines import _engine_options
+from agent.cli_engines import ENGINE, _engine_options
 from agent.console import err, out, print_json
 from agent.errors import PivotError
 from agent.plans import load_plan
@@ -21,7 +21,6 @@ from agent.session import Session
 
 DEMO_PLAN = "glm5-nvfp4-rtxpro6000x8"
 DEMO_NOISE = 0.015
-ENGINES = ("sim", "sim-http", "sglang", "command")
 SIMULATED = ("sim", "sim-http")
 
 
@@ -220,14 +219,16 @@ def demo(ctx: click.Context, **method: Any) -> None:
 
 @click.command("run")
 @click.argument("plan_ref", metavar="PLAN")
-@click.option("--engine", type=click.Choice(ENGINES), default="sim", show_default=True)
+@click.option(
+    "--engine", type=ENGINE, default="sim", show_default=True, help="An installed engine (`pivot tools` lists them)."
+)
 @click.option(
     "-o",
     "--engine-option",
     "option_pairs",
     multiple=True,
     metavar="KEY=VALUE",
-    help="An engine option, e.g. -o time_scale=200 (sim-http), -o prefix='docker exec box' (sglang).",
+    help="An engine option, e.g. -o time_scale=200 (sim-http), -o prefix='docker exec box' (sglang, vllm).",
 )
 @click.option("--name", help="The session's name (default: the plan's).")
 @click.option("--noise", type=float, help="Simulated engines: run-to-run noise (e.g. 0.015). Default: none.")

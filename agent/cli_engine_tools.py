@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from agent import models as m
+from agent.cli_engines import ENGINE
 from agent.console import dump, err, make_table, out, print_json, warn
 from agent.errors import PivotError
 from agent.session import Paths
@@ -21,27 +22,34 @@ _STATUS_STYLE = {"ok": "green", "noop": "yellow", "deprecated": "yellow"}
 
 @click.command("audit-flags", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--json", "as_json", is_flag=True, help="Print only a JSON array of {flag, status, message} on stdout.")
-@click.option("--engine-version", help="SGLang version to judge by (default: the installed SGLang, else 0.5.23).")
+@click.option("--engine", "engine_name", type=ENGINE, default="sglang", show_default=True,
+              help="The engine whose flags these are (an installed engine: sglang, vllm, ...).")  # fmt: skip
+@click.option("--engine-version", help="Version to judge by (default: the installed engine's, else the shipped one).")
 @click.option(
+    "--source",
     "--sglang-source",
+    "source",
     type=click.Path(file_okay=False, exists=True),
-    help="SGLang's package source (the directory holding sglang/): scan it for flags no code reads.",
+    help="The engine's package source (for SGLang the directory holding sglang/): scan it for flags no code reads.",
 )
 @click.argument("flags", nargs=-1, type=click.UNPROCESSED)
 def audit_flags_cmd(
-    as_json: bool, engine_version: str | None, sglang_source: str | None, flags: tuple[str, ...]
+    as_json: bool, engine_name: str, engine_version: str | None, source: str | None, flags: tuple[str, ...]
 ) -> None:
-    """Audit SGLang server FLAGS (after --): ok, unknown, ambiguous, deprecated, invalid or noop, and what to do.
+    """Audit server FLAGS (after --): ok, unknown, ambiguous, deprecated, invalid or noop, and what to do.
 
-    Needs no --model-path and no GPU. Uses the installed SGLang's own parser when it is the version
-    audited, else the catalog shipped with pivot. Exits 1 when a flag would stop the server from starting
-    (unknown, ambiguous, invalid).
+    Needs no model and no GPU. SGLang: its own parser when the installed SGLang is the version audited, else the
+    catalog shipped with pivot; vLLM: the shipped catalog generated from its parser. Exits 1 when a flag would
+    stop the server from starting (unknown, ambiguous, invalid).
     """
-    from tools.engines.catalog.installed import audit_flags
+    from agent.session import load_engine
 
     if not flags:
         raise PivotError("no flags to audit", hint="pivot audit-flags -- --tp-size 8 --enable-mscclpp")
-    report = audit_flags(m.ServerConfig.parse(list(flags)), version=engine_version, sglang_source=sglang_source)
+    engine = load_engine(engine_name)
+    report = engine.audit(
+        m.ServerConfig.parse(list(flags)), version=engine_version, source=Path(source) if source else None
+    )
     for note in report.notes:
         warn(note)
     if as_json:

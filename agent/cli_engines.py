@@ -7,7 +7,6 @@ server's URL (serve), the results (launch-bench) or the table of servers.
 
 from __future__ import annotations
 
-import inspect
 import json
 import shlex
 import sys
@@ -22,7 +21,7 @@ from agent import models as m
 from agent.cli_bench import EXIT_INTERRUPTED, _ProgressView, _report, _spec
 from agent.console import dump, err, make_table, out, print_json, warn
 from agent.errors import PivotError
-from agent.session import Deployment, Session, load_engine
+from agent.session import Deployment, Session, engine_names, load_engine
 
 DEFAULT_PLAN = "glm5-nvfp4-rtxpro6000x8"
 DEFAULT_ENGINE = "sim-http"
@@ -50,6 +49,25 @@ def _engine_options(pairs: tuple[str, ...], host: str | None, port: int | None) 
     return options
 
 
+class EngineName(click.ParamType):
+    """An engine's name, checked against the engines installed as `pivot.engines` plugins (found when parsed, so a
+    plugin installed later is a choice too)."""
+
+    name = "engine"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "ENGINE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        names = engine_names()
+        if value not in names:
+            self.fail(f"{value!r} is not an installed engine; installed: {', '.join(names) or 'none'}", param, ctx)
+        return str(value)
+
+
+ENGINE = EngineName()
+
+
 def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """The options every command that launches a server shares."""
     for decorator in reversed(
@@ -57,7 +75,9 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
             click.option(
                 "--engine",
                 "engine_name",
-                help=f"sglang, sim-http or command (default: the session's engine, else {DEFAULT_ENGINE}).",
+                type=ENGINE,
+                help=f"An installed engine: sglang, vllm, sim-http, command, ... (`pivot tools` lists them; default: "
+                f"the session's engine, else {DEFAULT_ENGINE}).",
             ),
             click.option(
                 "-o",
@@ -118,7 +138,7 @@ def _launch(
     flags: tuple[str, ...],
 ) -> tuple[Session, Deployment, float | None]:
     """Open the session, build the engine, launch FLAGS; returns the session, the deployment and the engine's timeout."""
-    from tools.engines.http import HttpDeployment, launch_in_session
+    from tools.engines.http import launch_in_session
     from tools.engines.process import FlagsRefused
 
     options = _engine_options(option_pairs, host, port)
@@ -127,21 +147,19 @@ def _launch(
         engine_name = ctx.obj.store.get_session(session_ref).engine
     engine_name = engine_name or DEFAULT_ENGINE
     engine = load_engine(engine_name, **options)
-    if force and "force" not in inspect.signature(engine.launch).parameters:
-        raise PivotError(f"engine {engine_name!r} has no audit to force past", hint="drop --force")
     blocking = [issue for issue in engine.validate(config) if issue.blocking]
     if blocking and not force:  # before a session is created for nothing
         raise FlagsRefused(engine.name, blocking)
     session = _open_session(ctx, session_ref, plan_ref, engine_name)
     session.engine = engine
     try:
-        deployment = launch_in_session(session, config, **({"force": True} if force else {}))
+        deployment = launch_in_session(session, config, force=force)
     except BaseException:
         session.close()
         raise
-    if isinstance(deployment, HttpDeployment):
-        err.print(f"launched {engine_name}: {shlex.join(deployment.server.argv)}")
-    return session, deployment, getattr(engine, "ready_timeout_s", None)
+    if deployment.argv is not None:
+        err.print(f"launched {engine_name}: {shlex.join(deployment.argv)}")
+    return session, deployment, engine.ready_timeout_s
 
 
 class _StartupView:
@@ -178,7 +196,7 @@ def _wait_ready(deployment: Deployment, timeout_s: float | None) -> None:
 
 
 def _crash_error(deployment: Deployment, what: str) -> PivotError:
-    failure = getattr(deployment, "failure", None) or "unknown"
+    failure = deployment.failure or "unknown"
     tail = "\n".join(deployment.log_tail(10))
     return PivotError(f"{what}: {failure}", hint=f"the server's last log lines:\n{tail}")
 
@@ -256,16 +274,11 @@ def launch_bench(ctx, engine_name, option_pairs, session_ref, plan_ref, host, po
     )  # fmt: skip
     try:
         _wait_ready(deployment, timeout_s or default_timeout)
-        from tools.engines.http import HttpDeployment
-
         with _ProgressView(err) as view:
-            if isinstance(deployment, HttpDeployment):
-                target = Path(output_file) if output_file else None
-                result = deployment.benchmark(spec, on_level=view, output_file=target)
-            else:
-                result = deployment.benchmark(spec, on_progress=lambda text: err.print(text))
+            target = Path(output_file) if output_file else None
+            result = deployment.benchmark(spec, on_level=view, output_file=target)
         _report(result, as_json=as_json)
-        _report_telemetry(getattr(deployment, "level_telemetry", []), telemetry_file)
+        _report_telemetry(deployment.level_telemetry, telemetry_file)
         if result.interrupted:
             err.print(f"interrupted: {len(result.levels)} of {len(spec.concurrency)} levels finished")
             sys.exit(EXIT_INTERRUPTED)

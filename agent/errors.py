@@ -33,3 +33,11 @@ class PlanError(PivotError):
 
 class PluginError(PivotError):
     """A plugin could not be found or loaded."""
+
+
+class LaunchFailed(PivotError):
+    """A server did not start (or not in time); `failure` is the class pivot records (oom, startup-timeout, ...)."""
+
+    def __init__(self, message: str, hint: str | None = None, *, failure: str) -> None:
+        super().__init__(message, hint)
+        self.failure = failure

@@ -33,14 +33,14 @@ class _Model(BaseModel):
 # --------------------------------------------------------------------------------------------------
 # Server configuration: ordered flags, as typed, in SGLang's spelling.
 
-_FLAG_NAME = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9_.-]*$|^-[A-Za-z]$")
+_FLAG_NAME = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9_.-]*$|^-[A-Za-z][A-Za-z0-9]*$")  # -x, and vLLM's -tp, -O3
 
 
 def _is_flag_token(token: str) -> bool:
-    """True for `--name`, `--name=value` and `-x`; false for values such as `-1` or `0.5`."""
+    """True for `--name`, `--name=value`, `-x` and vLLM's `-tp`; false for values such as `-1` or `0.5`."""
     if token.startswith("--"):
         return len(token) > 2
-    return len(token) == 2 and token[0] == "-" and token[1].isalpha()
+    return len(token) >= 2 and token[0] == "-" and token[1].isalpha() and "=" not in token
 
 
 class Flag(_Model):

@@ -11,6 +11,7 @@ from agent.plans import load_plan
 from agent.reports import SessionRef
 from tests.twin_ledger import glm5_campaign, llama_campaign
 from tools.analysis import Roofline, analyze, best_experiment, check_plan, layout
+from tools.engines.sglang import SGLangEngine
 from tools.profiles import load_hardware, load_model
 
 
@@ -182,9 +183,11 @@ def test_the_best_experiment_prefers_configurations_that_stand(store, paths):
 
 
 def test_layout_reads_any_spelling_and_falls_back_to_server_info():
-    assert layout(m.ServerConfig.parse("--tp 4 --pp-size 2")) == {"tp": 4, "pp": 2, "ep": 1}
-    assert layout(m.ServerConfig.parse("--tensor-parallel-size=8 --ep 8")) == {"tp": 8, "pp": 1, "ep": 8}
-    assert layout(m.ServerConfig(), {"tp_size": 8, "pp_size": 1})["tp"] == 8
+    sglang = SGLangEngine()
+    assert layout(m.ServerConfig.parse("--tp 4 --pp-size 2"), engine=sglang) == {"tp": 4, "pp": 2, "ep": 1}
+    assert layout(m.ServerConfig.parse("--tensor-parallel-size=8 --ep 8"), engine=sglang) == {"tp": 8, "pp": 1, "ep": 8}
+    assert layout(m.ServerConfig(), {"tp_size": 8, "pp_size": 1}, engine=sglang)["tp"] == 8
+    assert layout(m.ServerConfig(), {"tp_size": 8}, engine=None)["tp"] == 8  # no engine here: the server's report
 
 
 def test_findings_round_trip_through_the_ledger(store, small_plan):

@@ -8,7 +8,18 @@ import sys
 
 import pytest
 
-from tools.engines.failures import FAILURE_RULES, UNKNOWN, classify_failure, diagnose, short_line
+from tools.engines import failures
+from tools.engines.failures import UNKNOWN, short_line
+from tools.engines.sglang import FAILURE_RULES
+
+
+def classify_failure(lines):  # SGLang's rules: the lines below are SGLang's (and the twin's)
+    return failures.classify_failure(lines, FAILURE_RULES)
+
+
+def diagnose(lines):
+    return failures.diagnose(lines, FAILURE_RULES)
+
 
 TS = "[2026-11-29 10:00:00 TP0] "
 

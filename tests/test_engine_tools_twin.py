@@ -11,6 +11,7 @@ from agent.cli import cli
 from agent.models import BenchSpec, ProfileSummary, Telemetry
 from tests.test_sim_serve import Server, _start, _stop
 from tools import loadgen
+from tools.engines.sglang import GAUGES
 from tools.profile import CATEGORIES, profile_server
 from tools.profiles import load_hardware
 from tools.telemetry import TelemetryRecorder, read_twin_telemetry, scrape_metrics
@@ -36,7 +37,9 @@ def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 def test_a_level_on_the_twin_has_simulated_gpus_server_metrics_and_tokens_per_joule(metrics_server: Server):
     hw = load_hardware("rtx-pro-6000-blackwell")
-    with TelemetryRecorder(metrics_server.url, simulated=True, interval_s=0.05, metrics_interval_s=0.05) as rec:
+    with TelemetryRecorder(
+        metrics_server.url, simulated=True, gauges=GAUGES, interval_s=0.05, metrics_interval_s=0.05
+    ) as rec:
         result = loadgen.benchmark(metrics_server.url, SPEC, on_progress=rec.on_progress)
     (level,) = result.levels
     (t,) = rec.levels
@@ -50,12 +53,14 @@ def test_a_level_on_the_twin_has_simulated_gpus_server_metrics_and_tokens_per_jo
     s = t.server_metrics
     assert s["metrics_samples"] >= 2 and s["num_running_reqs_max"] >= 1
     assert 0 < s["token_usage_max"] <= 1 and s["num_queue_reqs_max"] >= 0
-    assert scrape_metrics(metrics_server.url).keys() == {"num_running_reqs", "num_queue_reqs", "token_usage",
+    assert scrape_metrics(metrics_server.url, gauges=GAUGES).keys() == {"num_running_reqs", "num_queue_reqs", "token_usage",
                                                          "gen_throughput"}  # fmt: skip
 
 
 def test_without_metrics_the_twin_server_state_comes_from_sim_telemetry(plain_server: Server):
-    with TelemetryRecorder(plain_server.url, simulated=True, interval_s=0.05, metrics_interval_s=0.5) as rec:
+    with TelemetryRecorder(
+        plain_server.url, simulated=True, gauges=GAUGES, interval_s=0.05, metrics_interval_s=0.5
+    ) as rec:
         with rec.level(16) as lv:
             result = loadgen.benchmark(plain_server.url, SPEC)
             lv.output_tokens = result.levels[0].total_output_tokens

@@ -28,7 +28,10 @@ def say_hello(ctx: RunContext, name: str) -> str:
     return f"hello {name}"
 
 
-class HelloEngine:
+from tools.engines.base import BaseEngine
+
+
+class HelloEngine(BaseEngine):
     """An engine that serves greetings."""
 
     name = "hello"
@@ -39,7 +42,7 @@ class HelloEngine:
     def validate(self, config):
         return []
 
-    def launch(self, config, log_path):
+    def launch(self, config, log_path, *, ledger=None, force=False):
         raise NotImplementedError
 '''
 

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from agent.cli import cli
 from agent.models import GpuTelemetry, Telemetry
 from tools import telemetry as tm
+from tools.engines.sglang import GAUGES
 from tools.telemetry import GpuFrame, GpuReading, TelemetryRecorder
 
 NVML_ERROR_NOT_SUPPORTED = 3
@@ -167,10 +168,10 @@ sglang:generation_tokens_total{model_name="m"} 123456.0
 
 def test_sglang_gauges_are_combined_across_schedulers():
     # within a DP rank the PP/TP ranks report the same requests (max); DP ranks add up; KV usage is the max
-    assert tm.parse_metrics(SGLANG_METRICS_TEXT) == {
+    assert tm.parse_metrics(SGLANG_METRICS_TEXT, GAUGES) == {
         "num_running_reqs": 19.0, "num_queue_reqs": 5.0, "token_usage": 0.97, "gen_throughput": 2000.0,
     }  # fmt: skip
-    assert tm.parse_metrics("# no metrics\n") == {}
+    assert tm.parse_metrics("# no metrics\n", GAUGES) == {}
 
 
 # ---------------------------------------------------------------------------------------------- NVML
@@ -297,8 +298,8 @@ def metrics_server():
 
 def test_a_level_scrapes_metrics_while_nvml_is_missing(metrics_server):
     url, handler = metrics_server
-    assert tm.scrape_metrics(url)["num_running_reqs"] == 19.0
-    with TelemetryRecorder(url, nvml=fake_pynvml(driver=False), metrics_interval_s=0.01) as rec:
+    assert tm.scrape_metrics(url, gauges=GAUGES)["num_running_reqs"] == 19.0
+    with TelemetryRecorder(url, gauges=GAUGES, nvml=fake_pynvml(driver=False), metrics_interval_s=0.01) as rec:
         rec.mark_level(32)
         time.sleep(0.05)
         handler.text = SGLANG_METRICS_TEXT.replace(" 12.0\n", " 40.0\n").replace("0.97", "1.0")
@@ -316,15 +317,15 @@ def test_a_server_without_metrics_is_an_error_in_the_level_not_an_exception(metr
     url, handler = metrics_server
     handler.status = 404
     with pytest.raises(tm.MetricsUnavailable, match="answered 404") as e:
-        tm.scrape_metrics(url)
-    assert e.value.hint == "start SGLang with --enable-metrics"
-    with TelemetryRecorder(url, nvml=fake_pynvml(1), metrics_interval_s=0.01) as rec:
+        tm.scrape_metrics(url, gauges=GAUGES)
+    assert e.value.hint == "start the server with its metrics on (SGLang: --enable-metrics)"
+    with TelemetryRecorder(url, gauges=GAUGES, nvml=fake_pynvml(1), metrics_interval_s=0.01) as rec:
         rec.mark_level(1)
         t = rec.end_level(10)
     assert t.source == "measured" and t.server_metrics == {}
     assert t.error is not None and "server metrics: GET " in t.error and "answered 404" in t.error
     # nothing listens here at all: also just an error
-    with TelemetryRecorder("http://127.0.0.1:9", nvml=fake_pynvml(1)) as rec:
+    with TelemetryRecorder("http://127.0.0.1:9", gauges=GAUGES, nvml=fake_pynvml(1)) as rec:
         rec.mark_level(1)
         assert "server metrics: cannot read http://127.0.0.1:9/metrics" in (rec.end_level().error or "")
 

@@ -145,45 +145,33 @@ def test_sparkline_scales_to_the_limit():
     assert view.sparkline([]) == ""
 
 
-def test_a_cancelled_step_refuses_engine_calls_and_keeps_signatures():
+def test_a_cancelled_step_refuses_engine_calls_and_the_wrappers_keep_the_contract(tmp_path):
+    from agent.session import Deployment, Engine
+    from tools.engines.sim.engine import SimEngine
+
     canceller = Canceller()
+    calls: list[dict[str, Any]] = []
 
-    class Dep:
-        base_url = "x://"
-        stopped = False
+    class Recording(SimEngine):
+        def launch(self, config: Any, log_path: Path, **kwargs: Any) -> Any:
+            calls.append(kwargs)
+            return super().launch(config, log_path, **kwargs)
 
-        def benchmark(self, spec: Any, on_progress: Any = None, *, output_file: Path | None = None) -> str:
-            return "result"
-
-        def alive(self) -> bool:
-            return not self.stopped
-
-        def stop(self) -> None:
-            self.stopped = True
-
-    class Eng:
-        name = "fake"
-
-        def validate(self, config: Any) -> list[Any]:
-            return []
-
-        def launch(self, config: Any, log_path: Path, *, ledger: Any = None) -> Dep:
-            return Dep()
-
-    import inspect
-
-    engine = CancellableEngine(Eng(), canceller)
-    assert "ledger" in inspect.signature(engine.launch).parameters
-    dep = engine.launch(None, Path("log"))
-    assert "output_file" in inspect.signature(dep.benchmark).parameters
-    assert dep.benchmark(None) == "result"
+    engine = CancellableEngine(Recording(), canceller)
+    assert isinstance(engine, Engine) and engine.name == "sim"
+    dep = engine.launch(m.ServerConfig.parse("--tp-size 8"), tmp_path / "log", force=True)
+    assert calls == [{"ledger": None, "force": True}]  # keywords pass through as the protocol names them
+    assert isinstance(dep, Deployment) and dep.argv is None and dep.log_path == tmp_path / "log"
+    spec = m.BenchSpec(concurrency=[1], num_prompts=2, random_input_len=16, random_output_len=8)
+    out = tmp_path / "runs.jsonl"
+    assert dep.benchmark(spec, output_file=out).levels and out.read_text().count("\n") == 1
     assert canceller.cancel() == [dep]
     with pytest.raises(StepCancelled):
-        dep.benchmark(None)
+        dep.benchmark(spec)
     with pytest.raises(StepCancelled):
-        engine.launch(None, Path("log"))
+        engine.launch(m.ServerConfig(), tmp_path / "log2")
     dep.stop()  # stopping always goes through
-    assert dep.inner.stopped
+    assert not dep.inner.alive()
 
 
 def test_pivot_chat_is_registered_and_needs_a_terminal():
@@ -294,12 +282,12 @@ class SlowDeployment:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def benchmark(self, spec: m.BenchSpec, on_progress: Any = None) -> m.BenchResult:
+    def benchmark(self, spec: m.BenchSpec, on_progress: Any = None, **kwargs: Any) -> m.BenchResult:
         self.started.set()
         deadline = time.monotonic() + 30
         while self.gate.is_set() and self.inner.alive() and time.monotonic() < deadline:
             time.sleep(0.02)
-        return self.inner.benchmark(spec, on_progress)
+        return self.inner.benchmark(spec, on_progress, **kwargs)
 
 
 class SlowEngine:
@@ -308,14 +296,17 @@ class SlowEngine:
     def __init__(self, inner: Any, gate: threading.Event, started: threading.Event, launched: list) -> None:
         self.inner, self.gate, self.started, self.launched = inner, gate, started, launched
 
+    def __getattr__(self, name: str) -> Any:  # the rest of the Engine protocol: the twin's
+        return getattr(self.inner, name)
+
     def with_seed(self, seed: int) -> SlowEngine:
         return SlowEngine(self.inner.with_seed(seed), self.gate, self.started, self.launched)
 
     def validate(self, config: m.ServerConfig) -> list[m.FlagIssue]:
         return self.inner.validate(config)
 
-    def launch(self, config: m.ServerConfig, log_path: Path) -> SlowDeployment:
-        deployment = SlowDeployment(self.inner.launch(config, log_path), self.gate, self.started)
+    def launch(self, config: m.ServerConfig, log_path: Path, **kwargs: Any) -> SlowDeployment:
+        deployment = SlowDeployment(self.inner.launch(config, log_path, **kwargs), self.gate, self.started)
         self.launched.append(deployment)
         return deployment
 

@@ -51,12 +51,14 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import asdict
 from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent import models as m
 from agent.errors import PivotError
+from agent.session import Engine, load_engine
 from agent.store import Store
 from tools.profiles import DTYPE_BYTES, HardwareProfile, ModelProfile, load_hardware, model_for
 
@@ -163,13 +165,6 @@ def _rows(value: float) -> str:
     return _n(value, 2 if value < 1 else 1 if value < 10 else 0)
 
 
-_PARALLEL_FLAGS = {
-    "tp": ("--tp-size", "--tensor-parallel-size", "--tp"),
-    "pp": ("--pp-size", "--pipeline-parallel-size", "--pp"),
-    "ep": ("--ep-size", "--expert-parallel-size", "--ep"),
-}
-
-
 def flag_value(config: m.ServerConfig, *names_: str) -> str | None:
     """The value of the last of these spellings set in `config`, as typed."""
     found = None
@@ -179,18 +174,30 @@ def flag_value(config: m.ServerConfig, *names_: str) -> str | None:
     return found
 
 
-def layout(config: m.ServerConfig, server_info: dict | None = None) -> dict[str, int]:
-    """tp, pp and ep from the flags (any of SGLang's spellings), else the server's own report, else 1."""
+def layout(config: m.ServerConfig, server_info: dict | None = None, *, engine: Engine | None) -> dict[str, int]:
+    """tp, pp and ep as the engine reads its flags (Engine.parallelism), else the server's own report, else 1.
+
+    Without an engine (its plugin is not installed here) only the server's report is read."""
+    degrees = asdict(engine.parallelism(config)) if engine is not None else {}
     out = {}
-    for key, spellings in _PARALLEL_FLAGS.items():
-        value = flag_value(config, *spellings)
-        if value is None and server_info:
-            value = server_info.get(f"{key}_size") or (server_info.get("resolved") or {}).get(f"{key}_size")
+    for key in ("tp", "pp", "ep"):
+        value: object = degrees.get(key, 1)
+        if value == 1 and server_info:
+            value = server_info.get(f"{key}_size") or (server_info.get("resolved") or {}).get(f"{key}_size") or 1
         try:
-            out[key] = max(int(value), 1) if value is not None else 1
+            out[key] = max(int(value), 1)  # type: ignore[call-overload]
         except (TypeError, ValueError):
             out[key] = 1
     return out
+
+
+def session_engine(record: m.Session) -> Engine | None:
+    """The session's engine, built from its name and options, for what only the engine knows (how its flags split
+    the model); None when it cannot be built here (its plugin is not installed, or its options are refused)."""
+    try:
+        return load_engine(record.engine, **record.settings.engine_options)
+    except PivotError:
+        return None
 
 
 def _model_profile(target: m.Target) -> ModelProfile:
@@ -480,7 +487,7 @@ def analyze(
     model = _model_profile(target)
     hw = load_hardware(target.hardware)
     levels, source = _levels(store, experiment_id)
-    lay = layout(experiment.config, _server_info(levels))
+    lay = layout(experiment.config, _server_info(levels), engine=session_engine(record))
     kv_dtype = flag_value(experiment.config, "--kv-cache-dtype")
     bench = [r for r in store.microbench_results() if r.device in (hw.name, hw.title)]
     roof = Roofline(model, hw, lay["tp"], lay["pp"], lay["ep"], kv_dtype, bench)
@@ -1257,12 +1264,14 @@ def check_plan(session: SessionLike) -> list[m.Finding]:
     run so far, and the KV usage the analyses recorded.
     """
     store, session_id = session.store, session.id
-    plan = store.get_session(session_id).plan
+    record = store.get_session(session_id)
+    plan = record.plan
     target = plan.target
     model = _model_profile(target)
     hw = load_hardware(target.hardware)
     base = target.base_config()
-    lay = layout(base)
+    engine = session_engine(record)
+    lay = layout(base, engine=engine)
     roof = Roofline(model, hw, lay["tp"], lay["pp"], lay["ep"], flag_value(base, "--kv-cache-dtype"))
     top_c = max(plan.workload.concurrency)
     out: list[m.Finding] = []
@@ -1361,9 +1370,8 @@ def check_plan(session: SessionLike) -> list[m.Finding]:
                     )
                 )
 
-            ep_text = flag_value(config, *_PARALLEL_FLAGS["ep"])
-            if ep_text and int(ep_text) > 1 and _EP_ROWS.search(item.hypothesis):
-                ep = int(ep_text)
+            ep = layout(config, engine=engine)["ep"]
+            if ep > 1 and _EP_ROWS.search(item.hypothesis):
                 rows_c = roof.rows_per_expert(top_c)
                 out.append(
                     _finding(

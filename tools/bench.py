@@ -7,7 +7,6 @@ base (tools/method.py), so the verdict that follows rests on numbers the ledger 
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -86,13 +85,13 @@ def run_benchmark(ctx: RunContext[Session], concurrency: list[int] | None = None
         spec = spec.model_copy(update={"concurrency": sorted(set(concurrency))})
     runs = len(store.bench_results(e.id or 0))
     dep = live.deployment
-    kwargs: dict[str, Any] = {}
-    if "output_file" in inspect.signature(dep.benchmark).parameters:
-        raw = session.paths.raw_dir(session.id)
-        raw.mkdir(parents=True, exist_ok=True)
-        kwargs["output_file"] = raw / f"exp{e.id:03d}-run{runs + 1}.jsonl"
+    raw = session.paths.raw_dir(session.id)
+    raw.mkdir(parents=True, exist_ok=True)
+    output_file = raw / f"exp{e.id:03d}-run{runs + 1}.jsonl"
     session.emit("progress", f"experiment {e.id}: benchmarking levels {', '.join(map(str, spec.concurrency))}")
-    result = dep.benchmark(spec, lambda line: session.emit("progress", f"experiment {e.id}: {line}"), **kwargs)
+    result = dep.benchmark(
+        spec, lambda line: session.emit("progress", f"experiment {e.id}: {line}"), output_file=output_file
+    )
     if result.interrupted or session.live is not live:  # cut short (Ctrl-C, a cancel): a broken run is not a crash
         store.update_experiment(e.model_copy(update={"status": "interrupted"}))
         raise PivotError(
@@ -102,12 +101,12 @@ def run_benchmark(ctx: RunContext[Session], concurrency: list[int] | None = None
     if not result.levels:
         raise PivotError(f"the benchmark of experiment {e.id} produced no level", hint="see server_status")
     run_id = store.add_bench_result(e.id or 0, result)
-    telemetry = list(getattr(dep, "level_telemetry", []) or [])
+    telemetry = list(dep.level_telemetry)
     for t in telemetry:
         store.add_telemetry(e.id or 0, t, run_id=run_id)
     by_level = {t.max_concurrency: t for t in telemetry}
     failed = [lv for lv in result.levels if lv.failed > 0]
-    failure = getattr(dep, "failure", None) if failed else None
+    failure = dep.failure if failed else None
     if failed and failure is None:
         failure = "unknown" if dep.alive() else "server-exited"
     errors = sorted({err for lv in failed for err in lv.errors})[:3]
@@ -165,19 +164,12 @@ def read_power(ctx: RunContext[Session]) -> m.Telemetry:
 
 @toolset.tool
 def server_metrics(ctx: RunContext[Session]) -> dict[str, Any]:
-    """The running server's own metrics: SGLang's /metrics gauges and counters (running and queued requests,
-    token usage of the KV pool, generation throughput, ...) by name, or the twin's equivalents when simulated."""
+    """The running server's own metrics: the engine's /metrics gauges (running and queued requests, token usage of
+    the KV pool, generation throughput, ...) under pivot's names, or the twin's equivalents when simulated."""
     live = _live(ctx.deps)
-    dep = live.deployment
-    twin = getattr(dep, "twin", None)
-    if twin is not None:  # the in-process twin has no HTTP endpoint: its resolved limits and last level's readings
-        t = dep.telemetry()
-        return {"source": "simulated", "resolved": twin.resolved, "last_level": t.model_dump(mode="json")}
-    from tools.telemetry import MetricsUnavailable, scrape_metrics
-
     try:
-        return {"source": "measured", "metrics": scrape_metrics(dep.base_url)}
-    except MetricsUnavailable as err:
+        return live.deployment.metrics()
+    except PivotError as err:
         raise ModelRetry(f"{err.message}; {err.hint or ''}") from err
 
 
@@ -187,17 +179,10 @@ def profile(ctx: RunContext[Session]) -> dict[str, Any]:
     communication and the rest; the profile is recorded as evidence with the analysis of the server's experiment.
     Benchmark the server first. Returns the categories' shares and the analysis' dominant bottleneck."""
     from tools.analysis import analyze
-    from tools.profile import profile_server, summarize_twin
 
     session = ctx.deps
     live = _live(session)
-    dep = live.deployment
-    breakdown = getattr(dep, "profile_breakdown", None)
-    if callable(breakdown):
-        summary = summarize_twin(breakdown())
-    else:
-        out = session.paths.session_state_dir(session.id) / "profiles"
-        summary = profile_server(dep.base_url, out)
+    summary = live.deployment.profile(session.paths.session_state_dir(session.id) / "profiles")
     result = analyze(session, live.experiment_id, profile=summary)
     shares = {k: round(v.share * 100, 1) for k, v in summary.categories.items()}
     session.emit(

@@ -25,7 +25,7 @@ from pydantic_ai import FunctionToolset, ModelRetry, RunContext
 
 from agent import models as m
 from agent.errors import PivotError
-from agent.session import Session
+from agent.session import Session, load_engine
 from agent.store import Store
 from tools import gemm
 from tools.profiles import HardwareProfile, ModelProfile, load_hardware, model_for, names
@@ -60,14 +60,11 @@ def model_for_target(target: m.Target) -> ModelProfile:
 
 
 def target_tp(target: m.Target) -> int:
-    """The TP size of the target's base flags (1 when they set none)."""
-    found: Any = None
-    for flag in target.flags.flags:
-        if flag.name in ("--tp-size", "--tp", "--tensor-parallel-size") and flag.value is not None:
-            found = flag.value if isinstance(flag.value, str) else flag.value[0]
+    """The TP size of the target's base flags, as the target's engine reads them (1 when they set none, or when
+    that engine is not installed here)."""
     try:
-        return max(int(found), 1) if found is not None else 1
-    except (TypeError, ValueError):
+        return load_engine(target.engine).parallelism(target.flags).tp
+    except PivotError:
         return 1
 
 

@@ -14,13 +14,12 @@ from pydantic import BaseModel, Field
 from pydantic_ai import FunctionToolset, ModelRetry, RunContext
 
 from agent import models as m
-from agent.errors import PivotError
-from agent.session import LiveServer, Session
+from agent.errors import LaunchFailed, PivotError
+from agent.session import Engine, LiveServer, Session
 from tools.method import Method
 
 toolset: FunctionToolset[Session] = FunctionToolset(id="server", max_retries=3)
 
-READY_TIMEOUT_S = 1800.0
 REFUSAL_CLASS = {
     "unknown": "unrecognized-argument",
     "ambiguous": "ambiguous-argument",
@@ -278,31 +277,31 @@ def _launch(session: Session, method: Method, e: m.Experiment) -> LaunchResult:
         _failed(session, e, "unrecognized-argument", err.message)
         return LaunchResult(status="refused", failure="unrecognized-argument", message=err.message, **common)
     except PivotError as err:
-        failure = getattr(err, "failure", None) or "unknown"
+        failure = err.failure if isinstance(err, LaunchFailed) else "unknown"
         _failed(session, e, failure, err.message)
         return LaunchResult(status="failed", failure=failure, message=err.message, **common)
-    log_path = getattr(deployment, "log_path", None)
-    if log_path is not None:
-        e = store.update_experiment(e.model_copy(update={"log_path": session.paths.relative(log_path)}))
-    timeout = float(getattr(engine, "ready_timeout_s", None) or READY_TIMEOUT_S)
+    if deployment.log_path is not None:
+        e = store.update_experiment(e.model_copy(update={"log_path": session.paths.relative(deployment.log_path)}))
     try:
-        deployment.wait_ready(timeout, lambda line: session.emit("progress", f"experiment {eid}: {line}"))
+        deployment.wait_ready(
+            engine.ready_timeout_s, lambda line: session.emit("progress", f"experiment {eid}: {line}")
+        )
     except PivotError as err:
-        failure = getattr(err, "failure", None) or getattr(deployment, "failure", None) or "unknown"
+        failure = err.failure if isinstance(err, LaunchFailed) else deployment.failure or "unknown"
         tail = deployment.log_tail(15)
         deployment.stop()
-        _failed(session, e, failure, _telling_line(tail) or err.message)
+        _failed(session, e, failure, _telling_line(engine, tail) or err.message)
         return LaunchResult(status="failed", failure=failure, message=err.message, log_tail=tail, **common)
     session.live = LiveServer(deployment=deployment, experiment_id=eid, config=e.config, runs_at_start=runs)
     session.emit("info", f"experiment {eid}: server ready at {deployment.base_url}")
     return LaunchResult(status="ready", base_url=deployment.base_url, log_tail=deployment.log_tail(3), **common)
 
 
-def _telling_line(tail: list[str]) -> str | None:
-    """The log line that says why, as the crash classifier found it, else the last non-empty line."""
-    from tools.engines.failures import diagnose, short_line
+def _telling_line(engine: Engine, tail: list[str]) -> str | None:
+    """The log line that says why, as the engine's crash classifier found it, else the last non-empty line."""
+    from tools.engines.failures import short_line
 
-    line = diagnose(tail).line or next((x for x in reversed(tail) if x.strip()), None)
+    line = engine.diagnose(tail).line or next((x for x in reversed(tail) if x.strip()), None)
     return short_line(line, 300) if line else None
 
 

@@ -1,17 +1,17 @@
-"""GPU and server telemetry over benchmark levels: NVML (or the twin's /sim/telemetry) and SGLang's /metrics.
+"""GPU and server telemetry over benchmark levels: NVML (or the twin's /sim/telemetry) and the server's /metrics.
 
 Two background threads sample while a server is benchmarked: one reads every GPU (NVML through
 `pynvml`, from the nvidia-ml-py package; on the twin, `GET /sim/telemetry`), one scrapes the server's
-Prometheus `/metrics` (SGLang's `sglang:num_running_reqs`, `num_queue_reqs`, `token_usage`,
-`gen_throughput`). `TelemetryRecorder.mark_level()` / `end_level()` bracket a benchmark level; each level
-becomes one `models.Telemetry`: per GPU the mean, p95 and max power, the enforced limit, utilization,
-clocks, peak memory, peak temperature and the joules from the GPU's total-energy counter (NVML's power
-reading is a ~1 s average, the counter is exact), plus the server's queue and KV usage and the output
-tokens per joule. Nothing here raises into a run: without a driver the level says source "unavailable"
-and error "NVML unavailable: ...", a server without `--enable-metrics` leaves `server_metrics` empty with
-the reason in `error`.
+Prometheus `/metrics` for the engine's gauges (`Engine.gauges` maps pivot's names, GAUGE_KEYS, to the engine's:
+SGLang's `sglang:num_running_reqs`, vLLM's `vllm:num_requests_running`, ...).
+`TelemetryRecorder.mark_level()` / `end_level()` bracket a benchmark level; each level becomes one
+`models.Telemetry`: per GPU the mean, p95 and max power, the enforced limit, utilization, clocks, peak memory,
+peak temperature and the joules from the GPU's total-energy counter (NVML's power reading is a ~1 s average, the
+counter is exact), plus the server's queue and KV usage and the output tokens per joule. Nothing here raises into
+a run: without a driver the level says source "unavailable" and error "NVML unavailable: ...", a server without
+its metrics (SGLang's `--enable-metrics`) leaves `server_metrics` empty with the reason in `error`.
 
-    recorder = TelemetryRecorder("http://127.0.0.1:30000")      # simulated=True for `pivot sim serve`
+    recorder = TelemetryRecorder("http://127.0.0.1:30000", gauges=engine.gauges)   # simulated=True for the twin
     recorder.start()
     recorder.mark_level(64)
     ...                                                        # the level's load
@@ -28,7 +28,7 @@ import contextlib
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -45,16 +45,12 @@ DEFAULT_INTERVAL_S = 0.2
 DEFAULT_METRICS_INTERVAL_S = 0.5
 HTTP_TIMEOUT_S = 2.0
 NVML_UNAVAILABLE = "NVML unavailable"
-# SGLang's gauges (sglang/srt/observability/metrics_collector.py), under the names pivot reports them by.
-SGLANG_GAUGES = {
-    "num_running_reqs": "sglang:num_running_reqs",
-    "num_queue_reqs": "sglang:num_queue_reqs",
-    "token_usage": "sglang:token_usage",
-    "gen_throughput": "sglang:gen_throughput",
-}
-# How one gauge's series from several schedulers add up: within one data-parallel rank, the series of its
-# TP/PP ranks describe the same requests (max); across DP ranks requests add up (sum), KV usage does not (max).
+# pivot's names for a server's gauges (each engine maps them to its own Prometheus names, `Engine.gauges`), and how
+# one gauge's series from several schedulers add up: within one data-parallel rank, the series of its TP/PP ranks
+# describe the same requests (max); across DP ranks requests add up (sum), KV usage (a fraction of the pool) does not.
 _ACROSS_DP = {"num_running_reqs": "sum", "num_queue_reqs": "sum", "token_usage": "max", "gen_throughput": "sum"}
+GAUGE_KEYS = tuple(_ACROSS_DP)
+DP_LABELS = ("dp_rank", "engine")  # the label that tells data-parallel ranks apart: SGLang's, vLLM's
 _NOT_SUPPORTED = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND")
 
 
@@ -271,7 +267,7 @@ class TwinReader:
             )
             for g in t.gpus
         ]
-        server = {k: v for k, v in t.server_metrics.items() if k in SGLANG_GAUGES}
+        server = {k: v for k, v in t.server_metrics.items() if k in GAUGE_KEYS}
         return GpuFrame(gpus, server)
 
     def close(self) -> None:
@@ -285,15 +281,15 @@ class MetricsUnavailable(PivotError):
     """The server's /metrics cannot be read."""
 
 
-def parse_metrics(text: str) -> dict[str, float]:
-    """SGLang's gauges from Prometheus text, one number each (series of several schedulers combined).
+def parse_metrics(text: str, gauges: Mapping[str, str]) -> dict[str, float]:
+    """An engine's gauges from Prometheus text, one number each (series of several schedulers combined).
 
-    Keys are SGLANG_GAUGES' (num_running_reqs, num_queue_reqs, token_usage, gen_throughput); a gauge the
-    server does not export is absent.
+    `gauges` maps pivot's names (GAUGE_KEYS: num_running_reqs, num_queue_reqs, token_usage, gen_throughput) to the
+    engine's metric names (`Engine.gauges`); keys are pivot's, and a gauge the server does not export is absent.
     """
     from prometheus_client.parser import text_string_to_metric_families
 
-    wanted = {v: k for k, v in SGLANG_GAUGES.items()}
+    wanted = {v: k for k, v in gauges.items() if k in _ACROSS_DP}
     per_dp: dict[str, dict[str, float]] = {}
     for family in text_string_to_metric_families(text):
         key = wanted.get(family.name)
@@ -302,7 +298,7 @@ def parse_metrics(text: str) -> dict[str, float]:
         for sample in family.samples:
             if sample.name != family.name or math.isnan(sample.value):
                 continue
-            dp = str(sample.labels.get("dp_rank", "0"))
+            dp = next((str(sample.labels[x]) for x in DP_LABELS if x in sample.labels), "0")
             groups = per_dp.setdefault(key, {})
             groups[dp] = max(groups.get(dp, -math.inf), float(sample.value))
     out: dict[str, float] = {}
@@ -311,8 +307,9 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
-def scrape_metrics(base_url: str, *, client: httpx.Client | None = None) -> dict[str, float]:
-    """`GET /metrics` of a server, parsed by parse_metrics; MetricsUnavailable with the reason when it cannot be read."""
+def scrape_metrics(base_url: str, *, gauges: Mapping[str, str], client: httpx.Client | None = None) -> dict[str, float]:
+    """`GET /metrics` of a server, parsed by parse_metrics for the engine's `gauges`; MetricsUnavailable with the
+    reason when it cannot be read."""
     url = _base(base_url) + "/metrics"
     try:
         with contextlib.ExitStack() as stack:
@@ -321,11 +318,13 @@ def scrape_metrics(base_url: str, *, client: httpx.Client | None = None) -> dict
     except httpx.HTTPError as e:
         raise MetricsUnavailable(f"cannot read {url}: {type(e).__name__}: {e}") from e
     if r.status_code == 404:
-        raise MetricsUnavailable(f"GET {url} answered 404", hint="start SGLang with --enable-metrics")
+        raise MetricsUnavailable(
+            f"GET {url} answered 404", hint="start the server with its metrics on (SGLang: --enable-metrics)"
+        )
     if r.status_code != 200:
         raise MetricsUnavailable(f"GET {url} answered {r.status_code}")
     try:
-        return parse_metrics(r.text)
+        return parse_metrics(r.text, gauges)
     except ValueError as e:
         raise MetricsUnavailable(f"GET {url} is not Prometheus text: {e}") from e
 
@@ -396,7 +395,7 @@ def summarize_server_metrics(samples: Sequence[dict[str, float]]) -> dict[str, f
     if not samples:
         return {}
     out: dict[str, float] = {"metrics_samples": float(len(samples))}
-    for key in SGLANG_GAUGES:
+    for key in GAUGE_KEYS:
         series = [s.get(key) for s in samples]
         if not _values(series):
             continue
@@ -542,6 +541,7 @@ class TelemetryRecorder:
     metrics_interval_s: float = DEFAULT_METRICS_INTERVAL_S
     nvml: ModuleType | None = None
     gpus: Sequence[int] | None = None
+    gauges: Mapping[str, str] = field(default_factory=dict)  # the engine's (Engine.gauges): none, no /metrics scrape
     levels: list[Telemetry] = field(default_factory=list)  # every level ended, in order
 
     def __post_init__(self) -> None:
@@ -576,10 +576,10 @@ class TelemetryRecorder:
         if self._reader is not None:
             self._gpu = PeriodicSampler("gpu-telemetry", self._reader.read, self.interval_s)
             self._gpu.start()
-        if self.base_url:
+        if self.base_url and self.gauges:
             self._http = _client()
-            base, http = self.base_url, self._http
-            self._metrics = PeriodicSampler("server-metrics", lambda: scrape_metrics(base, client=http),
+            base, http, gauges = self.base_url, self._http, self.gauges
+            self._metrics = PeriodicSampler("server-metrics", lambda: scrape_metrics(base, gauges=gauges, client=http),
                                             self.metrics_interval_s)  # fmt: skip
             self._metrics.start()
         return self

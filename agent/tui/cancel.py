@@ -9,17 +9,29 @@ not catch StepCancelled, so a benchmark cut short is not recorded as failed leve
 recorded as a server that did not start: the experiment stays `running` until the controller marks it
 `interrupted`, exactly as a resume after Ctrl-C of `pivot run` finds it.
 
-The wrappers forward everything else (attributes, and the wrapped methods' signatures, which tools inspect).
+Both wrappers implement the Engine and Deployment protocols member by member, so nothing needs to look inside.
 """
 
 from __future__ import annotations
 
-import functools
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
 
-from agent.session import Deployment, Engine
+from agent import models as m
+from agent.session import (
+    Deployment,
+    Diagnosis,
+    Engine,
+    FlagAudit,
+    LedgerLink,
+    LevelCallback,
+    Parallelism,
+    ProgressCallback,
+)
+
+T = TypeVar("T")
 
 
 class StepCancelled(Exception):
@@ -79,33 +91,14 @@ def stop_quietly(deployments: list[Deployment]) -> list[str]:
         try:
             deployment.stop()
         except Exception as e:  # one that fails to stop must not keep the others running
-            errors.append(f"{getattr(deployment, 'base_url', '?')}: {type(e).__name__}: {e}")
+            errors.append(f"{deployment.base_url}: {type(e).__name__}: {e}")
     return errors
 
 
-def _guarded(method: Callable[..., Any], canceller: Canceller) -> Callable[..., Any]:
-    """`method` that refuses to start, and refuses to return, once the step is cancelled. functools.wraps keeps
-    its signature visible to inspect.signature (run_benchmark looks for `output_file`, launch for `ledger`)."""
-
-    @functools.wraps(method)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        canceller.check()
-        try:
-            value = method(*args, **kwargs)
-        except Exception as e:
-            if canceller.cancelled:  # the server was stopped under it: that is the cancel, not a failure
-                raise StepCancelled("the step was cancelled") from e
-            raise
-        canceller.check()
-        return value
-
-    return call
-
-
 class CancellableDeployment:
-    """A deployment whose calls end with StepCancelled once the step is cancelled; stop() always goes through."""
+    """A deployment whose calls end with StepCancelled once the step is cancelled; stop() always goes through.
 
-    _GUARDED = frozenset({"wait_ready", "benchmark"})
+    It is a Deployment itself: every member of the protocol is written out and passed to the inner deployment."""
 
     def __init__(self, inner: Deployment, canceller: Canceller) -> None:
         self._inner = inner
@@ -115,13 +108,65 @@ class CancellableDeployment:
     def inner(self) -> Deployment:
         return self._inner
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        value = getattr(self._inner, name)
-        if name in self._GUARDED and callable(value):
-            return _guarded(value, self._canceller)
+    def _guard(self, call: Callable[[], T]) -> T:
+        """`call` refused before it starts and before it returns once the step is cancelled."""
+        self._canceller.check()
+        try:
+            value = call()
+        except Exception as e:
+            if self._canceller.cancelled:  # the server was stopped under it: that is the cancel, not a failure
+                raise StepCancelled("the step was cancelled") from e
+            raise
+        self._canceller.check()
         return value
+
+    @property
+    def base_url(self) -> str:
+        return self._inner.base_url
+
+    @property
+    def argv(self) -> list[str] | None:
+        return self._inner.argv
+
+    @property
+    def log_path(self) -> Path | None:
+        return self._inner.log_path
+
+    @property
+    def level_telemetry(self) -> list[m.Telemetry]:
+        return self._inner.level_telemetry
+
+    @property
+    def failure(self) -> str | None:
+        return self._inner.failure
+
+    def wait_ready(self, timeout_s: float, on_progress: ProgressCallback | None = None) -> None:
+        self._guard(lambda: self._inner.wait_ready(timeout_s, on_progress))
+
+    def alive(self) -> bool:
+        return self._inner.alive()
+
+    def log_tail(self, n: int = 50) -> list[str]:
+        return self._inner.log_tail(n)
+
+    def benchmark(
+        self,
+        spec: m.BenchSpec,
+        on_progress: ProgressCallback | None = None,
+        *,
+        on_level: LevelCallback | None = None,
+        output_file: Path | None = None,
+    ) -> m.BenchResult:
+        return self._guard(lambda: self._inner.benchmark(spec, on_progress, on_level=on_level, output_file=output_file))
+
+    def telemetry(self) -> m.Telemetry:
+        return self._inner.telemetry()
+
+    def metrics(self) -> dict[str, Any]:
+        return self._inner.metrics()
+
+    def profile(self, out_dir: Path, spec: m.BenchSpec | None = None) -> m.ProfileSummary:
+        return self._guard(lambda: self._inner.profile(out_dir, spec))
 
     def stop(self) -> None:
         self._inner.stop()
@@ -131,7 +176,7 @@ class CancellableDeployment:
 
 
 class CancellableEngine:
-    """An engine whose launches are tracked and wrapped in CancellableDeployment.
+    """An engine whose launches are tracked and wrapped in CancellableDeployment; an Engine itself.
 
     `factory` (instead of `inner`) builds the engine on first use: opening a session of an engine this host cannot build (sglang
     on a laptop) still shows its ledger, as `pivot show` does, and fails only when the agent launches a server.
@@ -154,34 +199,47 @@ class CancellableEngine:
                 self._inner = self._factory()
             return self._inner
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):  # never build the engine for private lookups (copy, pickle, repr internals)
-            raise AttributeError(name)
-        value = getattr(self.inner, name)
-        if name == "launch" and callable(value):
-            return self._launcher(value)
-        if name == "with_seed" and callable(value):
+    @property
+    def name(self) -> str:
+        return self.inner.name
 
-            @functools.wraps(value)
-            def with_seed(seed: int) -> CancellableEngine:
-                return CancellableEngine(value(seed), self._canceller)
+    @property
+    def ready_timeout_s(self) -> float:
+        return self.inner.ready_timeout_s
 
-            return with_seed
-        return value
+    @property
+    def gauges(self) -> Mapping[str, str]:
+        return self.inner.gauges
 
-    def _launcher(self, launch: Callable[..., Deployment]) -> Callable[..., Deployment]:
-        canceller = self._canceller
+    def validate(self, config: m.ServerConfig) -> list[m.FlagIssue]:
+        return self.inner.validate(config)
 
-        @functools.wraps(launch)
-        def call(*args: Any, **kwargs: Any) -> Deployment:
-            canceller.check()
-            deployment = CancellableDeployment(launch(*args, **kwargs), canceller)
-            if not canceller.track(deployment):
-                deployment.stop()
-                raise StepCancelled("the step was cancelled")
-            return deployment
+    def audit(self, config: m.ServerConfig, *, version: str | None = None, source: Path | None = None) -> FlagAudit:
+        return self.inner.audit(config, version=version, source=source)
 
-        return call
+    def parallelism(self, config: m.ServerConfig) -> Parallelism:
+        return self.inner.parallelism(config)
+
+    def not_modelled(self, config: m.ServerConfig) -> list[str]:
+        return self.inner.not_modelled(config)
+
+    def diagnose(self, lines: Sequence[str]) -> Diagnosis:
+        return self.inner.diagnose(lines)
+
+    def with_seed(self, seed: int) -> CancellableEngine:
+        return CancellableEngine(self.inner.with_seed(seed), self._canceller)
+
+    def launch(
+        self, config: m.ServerConfig, log_path: Path, *, ledger: LedgerLink | None = None, force: bool = False
+    ) -> CancellableDeployment:
+        self._canceller.check()
+        deployment = CancellableDeployment(
+            self.inner.launch(config, log_path, ledger=ledger, force=force), self._canceller
+        )
+        if not self._canceller.track(deployment):
+            deployment.stop()
+            raise StepCancelled("the step was cancelled")
+        return deployment
 
     def __repr__(self) -> str:
         return f"CancellableEngine({self._inner or self._factory!r})"

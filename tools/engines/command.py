@@ -15,17 +15,18 @@ from pathlib import Path
 
 from agent import models as m
 from agent.errors import PivotError
+from agent.session import LedgerLink
+from tools.engines.base import BaseEngine
 from tools.engines.http import HttpDeployment, start_deployment
 from tools.engines.process import (
     DEFAULT_STOP_GRACE_S,
-    LedgerLink,
     free_port,
     url_for,
 )
 from tools.engines.sglang import argv_option
 
 
-class CommandEngine:
+class CommandEngine(BaseEngine):
     """Any OpenAI-compatible server launched from a command line, ready when its health URL answers 200.
 
     There is no flag catalog for an arbitrary command, so validate() checks nothing: it returns one `ok` row
@@ -99,8 +100,12 @@ class CommandEngine:
             )
         return tokens, url_for(self.host, port)
 
-    def launch(self, config: m.ServerConfig, log_path: Path, *, ledger: LedgerLink | None = None) -> HttpDeployment:
-        """Start the command with `config`'s flags, logging to `log_path` (recorded in `ledger`); returns before ready."""
+    def launch(
+        self, config: m.ServerConfig, log_path: Path, *, ledger: LedgerLink | None = None, force: bool = False
+    ) -> HttpDeployment:
+        """Start the command with `config`'s flags, logging to `log_path` (recorded in `ledger`); returns before ready.
+
+        Nothing is audited (no catalog), so `force` changes nothing: the server's own refusal is classified."""
         argv, base_url = self.argv(config)
         return start_deployment(
             argv,

@@ -1,9 +1,11 @@
-"""Why a server failed, from its log: one table of regular expressions (FAILURE_RULES) over the log's tail.
+"""Why a server failed, from its log: tables of regular expressions over the log's tail.
 
 The classes are the ones pivot records as an experiment's `failure`: oom, cuda-error, nccl-error,
 unrecognized-argument, ambiguous-argument, argument-validation, compile-failure, port-in-use, model-not-found,
-engine-not-installed (the launch command cannot find SGLang), and unknown when no rule matches. The lines are SGLang's (and PyTorch's, NCCL's, Hugging Face's, argparse's) as
-they appear in a server log, and the twin's (`pivot sim serve`), which writes the same words.
+engine-not-installed (the launch command cannot find the engine), and unknown when no rule matches. The rules here
+are the ones every engine shares (argparse's, PyTorch's, CUDA's, NCCL's, Hugging Face's words); each engine owns
+its list (`failure_rules`: SGLang's in tools/engines/sglang.py, vLLM's in tools/engines/vllm.py), which puts these
+in order with its own, and `Engine.diagnose` applies it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from agent.session import Diagnosis
 
 
 def _rx(pattern: str) -> re.Pattern[str]:
@@ -27,23 +31,22 @@ class FailureRule:
     unless: re.Pattern[str] | None = None
 
 
-# The first rule with a matching line wins, so the specific come before the general (CUDA's out-of-memory error
-# is an OOM before it is a CUDA error; NCCL reports CUDA errors as NCCL errors).
-FAILURE_RULES: tuple[FailureRule, ...] = (
+# Rules shared by every engine; an engine's own list (its `failure_rules`) puts them in order with its own. The
+# first rule with a matching line wins, so the specific come before the general (CUDA's out-of-memory error is an
+# OOM before it is a CUDA error; NCCL reports CUDA errors as NCCL errors).
+
+# argparse's own errors: every engine here parses its command line with argparse (or a subclass of it)
+ARGPARSE_RULES: tuple[FailureRule, ...] = (
     FailureRule("unrecognized-argument", _rx(r": error: unrecognized arguments?:")),
     FailureRule("ambiguous-argument", _rx(r": error: ambiguous option:")),
     FailureRule(
         "argument-validation",
         _rx(r": error: (argument \S+|the following arguments are required|invalid choice|expected one argument)"),
     ),
-    FailureRule("port-in-use", _rx(r"address already in use|\[errno 98\]|\bEADDRINUSE\b")),
-    FailureRule(
-        "engine-not-installed",
-        _rx(
-            r"No module named '?sglang|Error while finding module specification for 'sglang|"
-            r"\bsglang: (command )?not found|No such file or directory: '?sglang'?$"
-        ),
-    ),
+)
+PORT_RULE = FailureRule("port-in-use", _rx(r"address already in use|\[errno 98\]|\bEADDRINUSE\b"))
+# PyTorch's, CUDA's, NCCL's, compilers' and Hugging Face's words, whichever engine runs them
+RUNTIME_RULES: tuple[FailureRule, ...] = (
     FailureRule(
         "oom",
         _rx(
@@ -82,42 +85,35 @@ FAILURE_RULES: tuple[FailureRule, ...] = (
             r"LocalEntryNotFoundError|couldn't connect to 'https://huggingface\.co'|OfflineModeIsEnabled"
         ),
     ),
-    # SGLang checks its arguments in ServerArgs (server_args.py) and its arg_groups hooks, in the launching process
-    FailureRule(
-        "argument-validation",
-        _rx(r"\b(ValueError|AssertionError|ArgumentTypeError|NotImplementedError)\b"),
-        needs=_rx(r"server_args\.py|arg_groups|check_server_args|prepare_server_args|argparse\.py"),
-    ),
-    # a ValueError or AssertionError that ends the launcher itself (not one raised in a scheduler process)
-    FailureRule(
-        "argument-validation",
-        _rx(r"^(\[[^\]]*\]\s*)?(ValueError|AssertionError)\b"),
-        unless=_rx(r"Scheduler hit an exception|TpModelWorker|DetokenizerManager"),
-    ),
 )
+COMMON_RULES: tuple[FailureRule, ...] = (*ARGPARSE_RULES, PORT_RULE, *RUNTIME_RULES)
+
+
+def not_installed_rule(module: str, command: str) -> FailureRule:
+    """engine-not-installed: the launch command cannot find the engine's Python package `module` or its `command`."""
+    m, c = re.escape(module), re.escape(command)
+    return FailureRule(
+        "engine-not-installed",
+        _rx(
+            rf"No module named '?{m}\b|Error while finding module specification for '{m}\b|"
+            rf"\b{c}: (command )?not found|No such file or directory: '?{c}'?$"
+        ),
+    )
+
+
 UNKNOWN = "unknown"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _LOG_PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:.]+[^\]]*\]\s*")
 
 
-@dataclass(frozen=True)
-class Diagnosis:
-    """Why a server failed: the failure class and the log line that shows it (None when nothing matched)."""
-
-    failure: str
-    line: str | None = None
-
-    def __str__(self) -> str:
-        return self.failure if self.line is None else f"{self.failure}: {self.line}"
-
-
-def diagnose(lines: str | Sequence[str]) -> Diagnosis:
-    """The failure class of a log tail, by FAILURE_RULES (first matching rule wins), and the line that matched."""
+def diagnose(lines: str | Sequence[str], rules: Sequence[FailureRule] = COMMON_RULES) -> Diagnosis:
+    """The failure class of a log tail by `rules` (an engine's `failure_rules`; the first matching rule wins), and
+    the line that matched."""
     if isinstance(lines, str):
         lines = lines.splitlines()
     clean = [ANSI.sub("", line).rstrip() for line in lines]
     text = "\n".join(clean)
-    for rule in FAILURE_RULES:
+    for rule in rules:
         if rule.needs is not None and not rule.needs.search(text):
             continue
         if rule.unless is not None and rule.unless.search(text):
@@ -128,9 +124,9 @@ def diagnose(lines: str | Sequence[str]) -> Diagnosis:
     return Diagnosis(UNKNOWN)
 
 
-def classify_failure(lines: str | Sequence[str]) -> str:
+def classify_failure(lines: str | Sequence[str], rules: Sequence[FailureRule] = COMMON_RULES) -> str:
     """The failure class of a log tail: oom, cuda-error, nccl-error, unrecognized-argument, ..., or unknown."""
-    return diagnose(lines).failure
+    return diagnose(lines, rules).failure
 
 
 def short_line(line: str, limit: int = 160) -> str:

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,9 +17,9 @@ import httpx
 
 from agent import models as m
 from agent.errors import PivotError
-from agent.session import Deployment, Engine, Paths, ProgressCallback
-from tools.engines.failures import short_line
-from tools.engines.process import LedgerLink, ManagedServer
+from agent.session import Deployment, Engine, LedgerLink, Paths, ProgressCallback
+from tools.engines.failures import COMMON_RULES, FailureRule, short_line
+from tools.engines.process import ManagedServer
 
 if TYPE_CHECKING:
     from agent.session import Session
@@ -59,7 +58,7 @@ def launch_in_session(
     *,
     engine: Engine | None = None,
     experiment_id: int | None = None,
-    **launch_options: Any,
+    force: bool = False,
 ) -> Deployment:
     """Launch `config` with the session's engine (or `engine`), logging under the session's state dir and, for
     engines that launch processes, recording the server in the ledger. Returns before the server is ready."""
@@ -67,10 +66,8 @@ def launch_in_session(
     if engine is None:
         raise PivotError("this session has no engine to launch with", hint="open the session with an engine")
     log_path = server_log_path(session.paths, session.id, engine.name, experiment_id)
-    if "ledger" in inspect.signature(engine.launch).parameters:
-        ledger = LedgerLink(session.store, session.id, experiment_id, session.paths)
-        return engine.launch(config, log_path, ledger=ledger, **launch_options)
-    return engine.launch(config, log_path, **launch_options)
+    ledger = LedgerLink(session.store, session.id, experiment_id, session.paths)
+    return engine.launch(config, log_path, ledger=ledger, force=force)
 
 
 def read_telemetry(deployment: HttpDeployment) -> m.Telemetry:
@@ -78,7 +75,7 @@ def read_telemetry(deployment: HttpDeployment) -> m.Telemetry:
     /metrics, or the twin's /sim/telemetry for sim-http. Never raises: what cannot be read is in `error`."""
     from tools.telemetry import TelemetryRecorder
 
-    recorder = TelemetryRecorder(deployment.base_url, simulated=deployment.simulated)
+    recorder = TelemetryRecorder(deployment.base_url, simulated=deployment.simulated, gauges=deployment.gauges)
     try:
         return recorder.snapshot()
     finally:
@@ -87,7 +84,8 @@ def read_telemetry(deployment: HttpDeployment) -> m.Telemetry:
 
 def start_deployment(argv: list[str], *, log_path: Path, base_url: str, engine: str, health_url: str, host: str,
                      env: dict[str, str], cwd: Path | str | None, ready_line: str | None, stop_grace_s: float,
-                     ledger: LedgerLink | None, **deployment: Any) -> HttpDeployment:  # fmt: skip
+                     ledger: LedgerLink | None, failure_rules: Sequence[FailureRule] = COMMON_RULES,
+                     **deployment: Any) -> HttpDeployment:  # fmt: skip
     """Start `argv` as a ManagedServer (recorded in `ledger`) and wrap it: what every HTTP engine's launch() does."""
     server = ManagedServer(
         argv,
@@ -101,6 +99,7 @@ def start_deployment(argv: list[str], *, log_path: Path, base_url: str, engine: 
         ready_line=ready_line,
         stop_grace_s=stop_grace_s,
         ledger=ledger,
+        failure_rules=failure_rules,
     )
     server.start()
     return HttpDeployment(server, engine=engine, **deployment)
@@ -126,8 +125,10 @@ class HttpDeployment:
         warmup_pause_s: float = 1.0,
         time_scale: float | None = None,
         audit: Sequence[m.FlagIssue] = (),
+        gauges: Mapping[str, str] | None = None,
     ) -> None:
         self.server, self.engine, self.source, self.backend = server, engine, source, backend
+        self.gauges: Mapping[str, str] = dict(gauges or {})  # pivot's gauge name -> the engine's Prometheus name
         self.endpoint, self.model, self.warmup_pause_s, self.time_scale = endpoint, model, warmup_pause_s, time_scale
         self.audit = list(audit)
         self.level_telemetry: list[m.Telemetry] = []  # per level of the last benchmark(), in order
@@ -150,6 +151,11 @@ class HttpDeployment:
     def log_path(self) -> Path:
         return self.server.log_path
 
+    @property
+    def argv(self) -> list[str]:
+        """The command line the server was launched with."""
+        return list(self.server.argv)
+
     def wait_ready(self, timeout_s: float, on_progress: ProgressCallback | None = None) -> None:
         self.server.wait_ready(timeout_s, on_progress)
 
@@ -161,6 +167,18 @@ class HttpDeployment:
 
     def telemetry(self) -> m.Telemetry:
         return read_telemetry(self)
+
+    def metrics(self) -> dict[str, Any]:
+        """The engine's gauges from the server's /metrics, by pivot's names (PivotError when it publishes none)."""
+        from tools.telemetry import scrape_metrics
+
+        return {"source": self.source, "metrics": scrape_metrics(self.base_url, gauges=self.gauges)}
+
+    def profile(self, out_dir: Path, spec: m.BenchSpec | None = None) -> m.ProfileSummary:
+        """/start_profile, a short load, /stop_profile, then the torch profiler's traces (tools/profile.py)."""
+        from tools.profile import profile_server
+
+        return profile_server(self.base_url, out_dir, spec=spec)
 
     def stop(self) -> None:
         self.server.stop()
@@ -194,7 +212,7 @@ class HttpDeployment:
         from tools.telemetry import TelemetryRecorder
 
         self.level_telemetry = []
-        recorder = TelemetryRecorder(self.base_url, simulated=self.simulated)
+        recorder = TelemetryRecorder(self.base_url, simulated=self.simulated, gauges=self.gauges)
         try:
             asyncio.run(self._sweep(spec, result, on_progress, on_level, output_file, recorder))
         except KeyboardInterrupt:

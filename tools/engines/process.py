@@ -23,20 +23,17 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from agent import models as m
-from agent.errors import PivotError
+from agent.errors import LaunchFailed, PivotError
 from agent.servers import group_members, proc_start, stop_group
-from agent.session import Paths, ProgressCallback
-from agent.store import Store
-from tools.engines.failures import ANSI, UNKNOWN, diagnose, short_line
+from agent.session import LedgerLink, ProgressCallback
+from tools.engines.failures import ANSI, COMMON_RULES, UNKNOWN, FailureRule, diagnose, short_line
 
-READY_LINE = "The server is fired up and ready to roll!"  # SGLang's http_server.py, logged once it serves
 DEFAULT_STOP_GRACE_S = 30.0  # SIGTERM to SIGKILL: SGLang tears down its scheduler processes and NCCL in this time
 DEFAULT_READY_TIMEOUT_S = 1800.0  # a large MoE model loads and captures CUDA graphs for minutes
 POLL_S = 0.2  # readiness loop: process, log and /health once per turn
@@ -50,7 +47,7 @@ TAIL_BYTES = 256 * 1024
 # ---------------------------------------------------------------------------------------------- errors
 
 
-class ServerStartError(PivotError):
+class ServerStartError(LaunchFailed):
     """The server did not become ready: it exited (with a classified `failure`) or did not answer in time."""
 
     def __init__(
@@ -63,8 +60,8 @@ class ServerStartError(PivotError):
         exit_code: int | None = None,
     ) -> None:
         shown = "\n".join(short_line(line, 300) for line in log_tail[-15:])
-        super().__init__(message, hint=f"the server's last log lines:\n{shown}\nfull log: {log_path}")
-        self.failure, self.log_tail, self.log_path, self.exit_code = failure, log_tail, log_path, exit_code
+        super().__init__(message, hint=f"the server's last log lines:\n{shown}\nfull log: {log_path}", failure=failure)
+        self.log_tail, self.log_path, self.exit_code = log_tail, log_path, exit_code
 
 
 class FlagsRefused(PivotError):
@@ -78,22 +75,6 @@ class FlagsRefused(PivotError):
             hint="fix the flags, or launch with force=True (--force) to let the server refuse them itself",
         )
         self.issues = issues
-
-
-# ---------------------------------------------------------------------------------------------- the ledger
-
-
-@dataclass(frozen=True)
-class LedgerLink:
-    """Where a launched server is recorded: the ledger, the session, the experiment it serves, the home's paths."""
-
-    store: Store
-    session_id: str
-    experiment_id: int | None = None
-    paths: Paths | None = None
-
-    def path(self, path: Path) -> str:
-        return self.paths.relative(path) if self.paths is not None else str(path)
 
 
 # ---------------------------------------------------------------------------------------------- log files
@@ -285,10 +266,11 @@ class ManagedServer:
         host: str = "127.0.0.1",
         env: Mapping[str, str] | None = None,
         cwd: Path | str | None = None,
-        ready_line: str | None = READY_LINE,
+        ready_line: str | None = None,
         stop_grace_s: float = DEFAULT_STOP_GRACE_S,
         health_timeout_s: float = HEALTH_TIMEOUT_S,
         ledger: LedgerLink | None = None,
+        failure_rules: Sequence[FailureRule] = COMMON_RULES,
     ) -> None:
         if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
             raise PivotError(f"a server command must be a non-empty list of strings, got {argv!r}")
@@ -298,7 +280,7 @@ class ManagedServer:
         self.env = dict(env or {})
         self.cwd = cwd
         self.ready_line, self.stop_grace_s, self.health_timeout_s = ready_line, stop_grace_s, health_timeout_s
-        self.ledger = ledger
+        self.ledger, self.failure_rules = ledger, tuple(failure_rules)
         self.server_id: int | None = None
         self.pid = self.pgid = -1
         self.proc_start: str | None = None
@@ -388,7 +370,7 @@ class ManagedServer:
         return self._proc is not None and self.poll() is None
 
     def _record_crash(self, code: int) -> None:
-        diagnosis = diagnose(self.log_tail(CLASSIFY_LINES))
+        diagnosis = diagnose(self.log_tail(CLASSIFY_LINES), self.failure_rules)
         self.failure, self.failure_line, self.exit_code = diagnosis.failure, diagnosis.line, code
         self._exit_recorded = True
         self._record("crashed", diagnosis.failure)

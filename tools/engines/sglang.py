@@ -13,22 +13,24 @@ classified from its log.
 from __future__ import annotations
 
 import copy
+import re
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from agent import models as m
 from agent.errors import PivotError
-from tools.engines.catalog import Catalog, CatalogError, FlagSpec, audit, load_catalog
+from agent.session import FlagAudit, LedgerLink
+from tools.engines.base import CatalogEngine
+from tools.engines.catalog import CatalogError, FlagSpec
+from tools.engines.failures import ARGPARSE_RULES, PORT_RULE, RUNTIME_RULES, FailureRule, not_installed_rule
 from tools.engines.http import HttpDeployment, start_deployment
 from tools.engines.process import (
     DEFAULT_READY_TIMEOUT_S,
     DEFAULT_STOP_GRACE_S,
-    READY_LINE,
     FlagsRefused,
-    LedgerLink,
     free_port,
     url_for,
 )
@@ -36,6 +38,40 @@ from tools.engines.process import (
 VERSION = "0.5.23"
 DEFAULT_HOST = "127.0.0.1"  # SGLang itself binds 127.0.0.1 by default; a wider bind is the user's choice
 Launcher = Literal["launch_server", "serve"]
+READY_LINE = "The server is fired up and ready to roll!"  # SGLang's http_server.py, logged once it serves
+
+# SGLang's gauges (sglang/srt/observability/metrics_collector.py), under the names pivot reports them by.
+GAUGES = {
+    "num_running_reqs": "sglang:num_running_reqs",
+    "num_queue_reqs": "sglang:num_queue_reqs",
+    "token_usage": "sglang:token_usage",
+    "gen_throughput": "sglang:gen_throughput",
+}
+
+
+def _rx(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern, re.IGNORECASE)
+
+
+# The shared rules in order, with SGLang's own: its launcher's module and command, and the checks of its arguments
+# in ServerArgs (server_args.py) and its arg_groups hooks, in the launching process.
+FAILURE_RULES: tuple[FailureRule, ...] = (
+    *ARGPARSE_RULES,
+    PORT_RULE,
+    not_installed_rule("sglang", "sglang"),
+    *RUNTIME_RULES,
+    FailureRule(
+        "argument-validation",
+        _rx(r"\b(ValueError|AssertionError|ArgumentTypeError|NotImplementedError)\b"),
+        needs=_rx(r"server_args\.py|arg_groups|check_server_args|prepare_server_args|argparse\.py"),
+    ),
+    # a ValueError or AssertionError that ends the launcher itself (not one raised in a scheduler process)
+    FailureRule(
+        "argument-validation",
+        _rx(r"^(\[[^\]]*\]\s*)?(ValueError|AssertionError)\b"),
+        unless=_rx(r"Scheduler hit an exception|TpModelWorker|DetokenizerManager"),
+    ),
+)
 
 
 def argv_option(value: str | Sequence[str] | None) -> list[str]:
@@ -47,8 +83,14 @@ def argv_option(value: str | Sequence[str] | None) -> list[str]:
     return [str(v) for v in value]
 
 
-class SGLangEngine:
+class SGLangEngine(CatalogEngine):
     """SGLang, launched as a process (`python -m sglang.launch_server` or `sglang serve`), audited and benchmarked."""
+
+    catalog_engine = "sglang"
+    ready_line = READY_LINE
+    gauges = GAUGES
+    failure_rules = FAILURE_RULES
+    parallel_dests: ClassVar[Mapping[str, str]] = {"tp": "tp_size", "pp": "pp_size", "ep": "ep_size", "dp": "dp_size"}
 
     def __init__(
         self,
@@ -89,7 +131,6 @@ class SGLangEngine:
         self.force, self.require_model = force, require_model
         self.ready_timeout_s, self.stop_grace_s, self.health_path = ready_timeout_s, stop_grace_s, health_path
         self.source, self.time_scale, self.warmup_pause_s = source, time_scale, warmup_pause_s
-        self._catalog: Catalog | None = None
 
     def with_seed(self, seed: int) -> SGLangEngine:
         """A copy whose launch command draws its noise from `seed`, when the command takes one (the twin's
@@ -102,12 +143,6 @@ class SGLangEngine:
         out.command = command
         return out
 
-    @property
-    def catalog(self) -> Catalog:
-        if self._catalog is None:
-            self._catalog = load_catalog("sglang", self.version)
-        return self._catalog
-
     def launch_command(self) -> list[str]:
         """What runs before the flags: prefix, then the command (or the launcher)."""
         if self.command is not None:
@@ -118,9 +153,12 @@ class SGLangEngine:
             base = [self.python, "-m", "sglang.launch_server"]
         return [*self.prefix, *base]
 
-    def validate(self, config: m.ServerConfig) -> list[m.FlagIssue]:
-        """One row per flag as typed, from SGLang's own parser for this version (tools/engines/catalog)."""
-        return audit(self.catalog, config)
+    def audit(self, config: m.ServerConfig, *, version: str | None = None, source: Path | None = None) -> FlagAudit:
+        """SGLang's own parser when the installed SGLang is `version`, else the shipped catalog; no-ops from a scan
+        of SGLang's source (`source`, else the installed package) or the catalog's (catalog/installed.py)."""
+        from tools.engines.catalog.installed import audit_flags
+
+        return audit_flags(config, version=version, sglang_source=source)
 
     def _address(self, config: m.ServerConfig) -> tuple[str, int, list[str]]:
         """Where the server will listen, and the flags to add so it does (only those the config does not set)."""
@@ -155,13 +193,13 @@ class SGLangEngine:
         log_path: Path,
         *,
         ledger: LedgerLink | None = None,
-        force: bool | None = None,
+        force: bool = False,
     ) -> HttpDeployment:
         """Audit `config`, then start the server logging to `log_path` (recorded in `ledger`); returns before ready.
 
-        Raises FlagsRefused when the audit finds flags SGLang would refuse, unless `force` (default: the engine's).
+        Raises FlagsRefused when the audit finds flags SGLang would refuse, unless `force` (or the engine's own).
         """
-        force = self.force if force is None else force
+        force = force or self.force
         issues = self.validate(config)
         blocking = [issue for issue in issues if issue.blocking]
         if blocking and not force:
@@ -184,9 +222,11 @@ class SGLangEngine:
             host=host,
             env={**self.env, **config.env},
             cwd=self.cwd,
-            ready_line=READY_LINE,
+            ready_line=self.ready_line,
             stop_grace_s=self.stop_grace_s,
             ledger=ledger,
+            failure_rules=self.failure_rules,
+            gauges=self.gauges,
             source=self.source,
             backend="sglang",
             warmup_pause_s=self.warmup_pause_s,

@@ -48,7 +48,7 @@ def _audit_flag(catalog: Catalog, flag: Flag, noop: Mapping[str, NoopFlag] | Non
     if found is HELP_SPEC:
         message = "Prints the help and exits: the server would not start; drop it."
         return FlagIssue(flag=flag.name, status="invalid", message=message)
-    abbreviation = flag.name.split("=", 1)[0] not in found.opts
+    abbreviation = catalog.normalize(flag.name).split("=", 1)[0] not in found.opts
     note = f"Abbreviation of {found.name}; write the full flag." if abbreviation else ""
     try:
         catalog.parse(flag.argv(), require_model=False)
@@ -58,7 +58,9 @@ def _audit_flag(catalog: Catalog, flag: Flag, noop: Mapping[str, NoopFlag] | Non
         return FlagIssue(flag=flag.name, status="invalid", message=_join(e.message, advice))
     deprecation = catalog.deprecation(found, flag.value)
     if isinstance(deprecation, DeprecatedFlag):
-        message = f"Deprecated in {catalog.title}; use {deprecation.replacement} instead."
+        instead = deprecation.replacement
+        message = (f"Deprecated in {catalog.title}; {instead}." if instead.startswith("drop ")
+                   else f"Deprecated in {catalog.title}; use {instead} instead.")  # fmt: skip
         return FlagIssue(flag=flag.name, status="deprecated", message=_join(message, note))
     if deprecation is not None:
         message = (

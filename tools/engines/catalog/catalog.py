@@ -2,7 +2,8 @@
 
 A catalog is loaded from `<engine>-<version>.json` beside this module (written by scripts/gen_catalog.py).
 Its parser is a real `argparse.ArgumentParser` with the engine's prog, actions in the engine's order,
-`allow_abbrev=True` and the engine's own type functions (argtypes.py), so "unrecognized arguments",
+`allow_abbrev=True` and the engine's own type functions (argtypes.py for SGLang, vllm_argtypes.py for vLLM), so
+"unrecognized arguments",
 "ambiguous option", "invalid int value" and "invalid choice" are argparse's own texts for the Python running
 pivot, which are SGLang's texts on the same Python. Instead of exiting, the parser raises CatalogError.
 """
@@ -22,7 +23,14 @@ from importlib import resources
 from typing import Any, NoReturn
 
 from agent.errors import PivotError
-from tools.engines.catalog.argtypes import ACTIONS, TYPES, WARNINGS_ATTR
+from tools.engines.catalog import argtypes, vllm_argtypes
+from tools.engines.catalog.argtypes import WARNINGS_ATTR
+
+# Each engine's argparse types and actions, by the names its catalog JSON uses.
+ARGTYPES: dict[str, tuple[Mapping[str, Any], Mapping[str, Any]]] = {
+    "sglang": (argtypes.TYPES, argtypes.ACTIONS),
+    "vllm": (vllm_argtypes.TYPES, vllm_argtypes.ACTIONS),
+}
 
 _HELP_OPTS = ("-h", "--help")
 
@@ -97,8 +105,8 @@ class FlagSpec:
 
     @property
     def name(self) -> str:
-        """The flag's main spelling, e.g. `--tp-size`."""
-        return self.opts[0]
+        """The flag's main spelling, e.g. `--tp-size` (a positional argument's dest)."""
+        return self.opts[0] if self.opts else self.dest
 
     @property
     def takes_value(self) -> bool:
@@ -273,6 +281,8 @@ class Catalog:
             for opt in spec.opts:
                 self._by_opt[opt] = spec
         self._parsers: dict[bool, CatalogParser] = {}
+        self.types, self.actions = ARGTYPES[self.engine]
+        self.underscores: bool = bool(data.get("underscores", False))  # `--max_model_len` means `--max-model-len`
 
     @property
     def title(self) -> str:
@@ -300,6 +310,7 @@ class Catalog:
         Otherwise the engine's error message: "ambiguous option: ... could match ..." or
         "unrecognized arguments: ...". Mirrors Python 3.11's argparse (`_parse_optional`) for option-like names.
         """
+        name = self.normalize(name)
         if name in self._by_opt:
             return self._by_opt[name]
         if "=" in name:
@@ -350,13 +361,25 @@ class Catalog:
             parser.add_argument(*opts, **kwargs)
         return parser
 
+    def normalize(self, token: str) -> str:
+        """A command-line token as the engine's parser sees it: for vLLM, `--max_model_len=8` is
+        `--max-model-len=8` (its FlexibleArgumentParser turns underscores in flag names into dashes)."""
+        if not self.underscores or not token.startswith("--"):
+            return token
+        head, sep, value = token.partition("=")
+        return head.replace("_", "-") + sep + value
+
     def _argument(self, spec: FlagSpec, require_model: bool) -> tuple[list[str], dict[str, Any]]:
         opts = list(spec.opts)
-        kwargs: dict[str, Any] = {"action": ACTIONS[spec.action], "dest": spec.dest, "default": spec.default}
+        kwargs: dict[str, Any] = {"action": self.actions[spec.action], "dest": spec.dest, "default": spec.default}
+        if spec.default == argparse.SUPPRESS:  # argparse tells SUPPRESS by identity
+            kwargs["default"] = argparse.SUPPRESS
+        if not opts:  # a positional argument (vLLM's model tag): argparse takes its dest as the name
+            opts = [kwargs.pop("dest")]
         if spec.action == "BooleanOptionalAction":  # it adds the --no-x spellings itself
             opts = [o for o in opts if not (o.startswith("--no-") and f"--{o[5:]}" in spec.opts)]
-        if TYPES[spec.type] is not None:
-            kwargs["type"] = TYPES[spec.type]
+        if self.types[spec.type] is not None:
+            kwargs["type"] = self.types[spec.type]
         if spec.choices is not None:
             kwargs["choices"] = list(spec.choices)
         if spec.nargs != 0:
@@ -383,7 +406,7 @@ class Catalog:
         parser = self._cached_parser(require_model)
         namespace = argparse.Namespace(**{WARNINGS_ATTR: []})
         try:
-            parser.parse_args(list(argv), namespace)
+            parser.parse_args([self.normalize(t) for t in argv], namespace)
         except CatalogError as e:
             e.hint = e.hint or self._hint(argv)
             raise

@@ -21,12 +21,13 @@ import functools
 import importlib
 import importlib.util
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agent.errors import PivotError
-from agent.models import BLOCKING_FLAG_STATUSES, FlagIssue, ServerConfig
+from agent.models import ServerConfig
+from agent.session import FlagAudit
 from tools.engines.catalog.audit import audit
 from tools.engines.catalog.catalog import HELP_SPEC, Catalog, CatalogParser, FlagSpec, available_versions, load_catalog
 from tools.engines.catalog.noop_scan import NoopScan, find_package_dir, package_version, scan_noops
@@ -137,22 +138,6 @@ def scan_source(path: str | Path) -> NoopScan:
     """scan_noops, remembered per package directory for as long as it is unchanged (a scan takes a second or two)."""
     package_dir = find_package_dir(path)
     return _scan(str(package_dir), (package_dir / "srt").stat().st_mtime_ns)
-
-
-@dataclass
-class FlagAudit:
-    """An audit's rows and where its verdicts came from."""
-
-    rows: list[FlagIssue]
-    parser: str  # which parser judged the flags
-    noops: str  # where the no-op verdicts came from
-    version: str
-    notes: list[str] = field(default_factory=list)  # fallbacks and mismatches worth a warning
-
-    @property
-    def blocking(self) -> bool:
-        """True when some row would stop a launch (unknown, ambiguous or invalid)."""
-        return any(r.status in BLOCKING_FLAG_STATUSES for r in self.rows)
 
 
 def audit_flags(

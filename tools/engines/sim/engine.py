@@ -2,31 +2,37 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, ClassVar
 
 from agent import models as m
-from agent.errors import PivotError
-from agent.session import ProgressCallback
-from tools.engines.catalog import CatalogError, audit, load_catalog
+from agent.errors import LaunchFailed, PivotError
+from agent.session import LedgerLink, LevelCallback, ProgressCallback
+from tools.engines.base import CatalogEngine
+from tools.engines.catalog import CatalogError
+from tools.engines.sglang import FAILURE_RULES as SGLANG_FAILURE_RULES
 from tools.engines.sim.scheduler import LevelSimulation
 from tools.engines.sim.twin import Twin, TwinStartupError
 
 VERSION = "0.5.23"
 
 
-class SimLaunchError(PivotError):
+class SimLaunchError(LaunchFailed):
     """The simulated server did not start; `failure` is the crash class pivot records."""
 
     def __init__(self, message: str, failure: str, hint: str | None = None) -> None:
-        super().__init__(message, hint)
-        self.failure = failure
+        super().__init__(message, hint, failure=failure)
 
 
 class SimDeployment:
     """A running twin: benchmarks answer in virtual time (seconds of CPU for minutes of GPU time)."""
 
+    argv: list[str] | None = None  # nothing is launched: the twin runs in this process
+
     def __init__(self, twin: Twin, log_path: Path, noise: float, seed: int | None = None) -> None:
-        self.twin, self.log_path, self.noise, self.seed = twin, log_path, noise, seed
+        self.twin, self.noise, self.seed = twin, noise, seed
+        self.log_path: Path | None = log_path
         self.base_url = f"sim://{twin.model.name}@{twin.gpus}x{twin.hw.name}"
         self._alive = True
         self._last: m.Telemetry | None = None
@@ -39,6 +45,7 @@ class SimDeployment:
 
     def _log(self, line: str) -> None:
         self._lines.append(line)
+        assert self.log_path is not None
         with self.log_path.open("a", encoding="utf-8") as f:
             f.write(line + "\n")
 
@@ -52,12 +59,37 @@ class SimDeployment:
     def log_tail(self, n: int = 50) -> list[str]:
         return self._lines[-n:]
 
-    def benchmark(self, spec: m.BenchSpec, on_progress: ProgressCallback | None = None) -> m.BenchResult:
-        """Simulate the sweep; a fault under load is logged, its level's requests fail, and the server is down."""
-        result = m.BenchResult(spec=spec, engine="sim", source="simulated")
+    def benchmark(
+        self,
+        spec: m.BenchSpec,
+        on_progress: ProgressCallback | None = None,
+        *,
+        on_level: LevelCallback | None = None,
+        output_file: Path | None = None,
+    ) -> m.BenchResult:
+        """Simulate the sweep; a fault under load is logged, its level's requests fail, and the server is down.
+
+        `on_level` gets a finished LevelProgress per level, `output_file` one JSON line per level, as over HTTP."""
+        from tools import loadgen
+
+        result = m.BenchResult(
+            spec=spec, engine="sim", source="simulated", raw_path=str(output_file) if output_file else None
+        )
         self.level_telemetry, self._sims = [], []
-        for level, sim in self.twin.predict(spec, noise=self.noise, down=not self._alive, seed=self.seed):
+        for index, (level, sim) in enumerate(
+            self.twin.predict(spec, noise=self.noise, down=not self._alive, seed=self.seed)
+        ):
             result.levels.append(level)
+            if output_file is not None:
+                loadgen.append_jsonl(output_file, level)
+            if on_level is not None:
+                on_level(loadgen.LevelProgress(
+                    phase="done", level_index=index, levels_total=len(spec.concurrency),
+                    max_concurrency=level.max_concurrency or 0, requests_total=level.completed + level.failed,
+                    requests_done=level.completed + level.failed, requests_failed=level.failed,
+                    output_tokens=level.total_output_tokens, elapsed_s=level.duration,
+                    output_tok_s=level.output_throughput, level=level,
+                ))  # fmt: skip
             if not sim.records:  # the server was already down: nothing ran
                 continue
             self._sims.append(sim)
@@ -81,6 +113,20 @@ class SimDeployment:
     def telemetry(self) -> m.Telemetry:
         return self._last or m.Telemetry(source="simulated", gpus=[])
 
+    def metrics(self) -> dict[str, Any]:
+        """The in-process twin serves no /metrics: its resolved limits and the last level's readings."""
+        return {
+            "source": "simulated",
+            "resolved": self.twin.resolved,
+            "last_level": self.telemetry().model_dump(mode="json"),
+        }
+
+    def profile(self, out_dir: Path, spec: m.BenchSpec | None = None) -> m.ProfileSummary:
+        """The twin's step-time breakdown of the last benchmark (no load is run, no trace is written)."""
+        from tools.profile import summarize_twin
+
+        return summarize_twin(self.profile_breakdown())
+
     def profile_breakdown(self) -> dict[str, object]:
         """The step-time breakdown of the last benchmark's top level, as the twin's /stop_profile answers it."""
         if not self._sims:
@@ -103,10 +149,15 @@ class SimDeployment:
         self._alive = False
 
 
-class SimEngine:
+class SimEngine(CatalogEngine):
     """The digital twin of SGLang 0.5.23 on simulated GPUs (in process, virtual time)."""
 
     name = "sim"
+    version = VERSION
+    catalog_engine = "sglang"
+    ready_timeout_s = 60.0
+    failure_rules = SGLANG_FAILURE_RULES  # the twin writes SGLang's words
+    parallel_dests: ClassVar[Mapping[str, str]] = {"tp": "tp_size", "pp": "pp_size", "ep": "ep_size", "dp": "dp_size"}
 
     def __init__(
         self,
@@ -124,11 +175,14 @@ class SimEngine:
         """The same engine drawing its noise from `seed` (the agent seeds each experiment on its own)."""
         return SimEngine(self.model_profile, self.hardware, self.gpus, self.noise, seed)
 
-    def validate(self, config: m.ServerConfig) -> list[m.FlagIssue]:
-        return audit(load_catalog("sglang", VERSION), config)
+    def not_modelled(self, config: m.ServerConfig) -> list[str]:
+        return []
 
-    def launch(self, config: m.ServerConfig, log_path: Path) -> SimDeployment:
-        """Build the twin for `config`; SGLang's refusals and startup faults raise SimLaunchError."""
+    def launch(
+        self, config: m.ServerConfig, log_path: Path, *, ledger: LedgerLink | None = None, force: bool = False
+    ) -> SimDeployment:
+        """Build the twin for `config`; SGLang's refusals and startup faults raise SimLaunchError (the twin parses
+        with SGLang's parser whatever `force` says; nothing is launched, so nothing is recorded in `ledger`)."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
             twin = Twin.build(self.model_profile, self.hardware, self.gpus, config, VERSION)

@@ -1,0 +1,138 @@
+"""What most engines share: defaults for the Engine protocol's members, and an engine whose flags have a catalog.
+
+    class MyEngine(BaseEngine):               # a plugin engine: name, validate and launch are all it must write
+        name = "mine"
+        def validate(self, config): ...
+        def launch(self, config, log_path, *, ledger=None, force=False): ...
+
+    class VLLMEngine(CatalogEngine):          # flags audited against a shipped catalog, parallelism read from it
+        catalog_engine, version = "vllm", "0.33.0"
+        parallel_dests = {"tp": "tensor_parallel_size", "pp": "pipeline_parallel_size", "dp": "data_parallel_size"}
+
+The protocol itself (agent/session.py: Engine, Deployment) is the contract; these classes only fill it in.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import ClassVar
+
+from agent import models as m
+from agent.session import Diagnosis, Engine, FlagAudit, Parallelism
+from tools.engines.catalog import Catalog, CatalogError, FlagSpec, audit, load_catalog
+from tools.engines.failures import COMMON_RULES, FailureRule, diagnose
+from tools.engines.process import DEFAULT_READY_TIMEOUT_S
+
+
+def argv_option(value: str | Sequence[str] | None) -> list[str]:
+    """An argv list from an option given as a list, or as a string split like a shell would (never run by one)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return shlex.split(value)
+    return [str(v) for v in value]
+
+
+class BaseEngine:
+    """Defaults for every member of the Engine protocol but `name`, `validate` and `launch`."""
+
+    name: str = "engine"
+    version: str | None = None
+    ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
+    ready_line: str | None = None  # a log line the server prints once it serves (None: /health alone says ready)
+    gauges: Mapping[str, str] = {}
+    failure_rules: Sequence[FailureRule] = COMMON_RULES
+
+    def validate(self, config: m.ServerConfig) -> list[m.FlagIssue]:
+        raise NotImplementedError
+
+    def audit(self, config: m.ServerConfig, *, version: str | None = None, source: Path | None = None) -> FlagAudit:
+        """validate()'s rows; an engine without a catalog judges no version and scans no source."""
+        return FlagAudit(
+            rows=self.validate(config),
+            parser=f"the {self.name} engine's validate()",
+            noops="none known",
+            version=self.version or "unknown",
+        )
+
+    def parallelism(self, config: m.ServerConfig) -> Parallelism:
+        """One GPU of each kind unless the engine knows how its flags split the model."""
+        return Parallelism()
+
+    def not_modelled(self, config: m.ServerConfig) -> list[str]:
+        """A real engine runs every flag it accepts: nothing is left unmodelled."""
+        return []
+
+    def diagnose(self, lines: Sequence[str]) -> Diagnosis:
+        return diagnose(lines, self.failure_rules)
+
+    def with_seed(self, seed: int) -> Engine:
+        """A real engine has no noise to seed: itself."""
+        return self  # type: ignore[return-value]
+
+
+def _degree(value: object) -> int | None:
+    try:
+        return max(int(value), 1)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return None
+
+
+class CatalogEngine(BaseEngine):
+    """An engine whose command line is a shipped catalog (tools/engines/catalog/<engine>-<version>.json): the audit,
+    the flags' meaning (dests) and the parallel degrees come from it."""
+
+    catalog_engine: ClassVar[str] = "sglang"  # the catalog's engine name
+    # Parallelism field -> the dest of the flag that sets it in this engine's parser (a missing key: always 1).
+    parallel_dests: ClassVar[Mapping[str, str]] = {}
+    _catalog: Catalog | None = None
+
+    @property
+    def catalog(self) -> Catalog:
+        if self._catalog is None:
+            self._catalog = load_catalog(self.catalog_engine, self.version or "")
+        return self._catalog
+
+    def validate(self, config: m.ServerConfig) -> list[m.FlagIssue]:
+        """One row per flag as typed, from the engine's own parser for this version (tools/engines/catalog)."""
+        return audit(self.catalog, config)
+
+    def audit(self, config: m.ServerConfig, *, version: str | None = None, source: Path | None = None) -> FlagAudit:
+        """The rows of the shipped catalog of `version` (default the engine's), with its recorded no-ops."""
+        catalog = load_catalog(self.catalog_engine, version) if version else self.catalog
+        notes = []
+        if source is not None:
+            notes.append(f"no source scan for {catalog.name}: the no-ops are the ones recorded in its catalog")
+        return FlagAudit(
+            rows=audit(catalog, config),
+            parser=f"shipped catalog of {catalog.title}",
+            noops=f"the catalog's recorded no-ops ({len(catalog.noop)})" if catalog.noop else "none recorded",
+            version=catalog.version,
+            notes=notes,
+        )
+
+    def values(self, config: m.ServerConfig) -> dict[str, object]:
+        """dest -> value as the engine parses `config` (defaults filled in); flags it refuses are left out."""
+        tokens = [t for flag in config.flags if isinstance(self.catalog.resolve(flag.name), FlagSpec)
+                  for t in flag.argv()]  # fmt: skip
+        try:
+            return self.catalog.parse(tokens, require_model=False)
+        except CatalogError:
+            values = self.catalog.defaults()
+            for flag in config.flags:  # one at a time: keep what parses
+                try:
+                    parsed = self.catalog.parse(flag.argv(), require_model=False)
+                except CatalogError:
+                    continue
+                spec = self.catalog.resolve(flag.name)
+                if isinstance(spec, FlagSpec):
+                    values[spec.dest] = parsed[spec.dest]
+            return values
+
+    def parallelism(self, config: m.ServerConfig) -> Parallelism:
+        """The degrees the catalog's flags set (`parallel_dests`), 1 where unset or not a number."""
+        values = self.values(config)
+        found = {key: _degree(values.get(dest)) or 1 for key, dest in self.parallel_dests.items()}
+        return Parallelism(**found)
