@@ -499,7 +499,11 @@ class FlagIssue(_Model):
 # profile: a measurement (a profile of the best config) rather than a change; code: a change for the user to make.
 ItemKind = Literal["flag", "config", "workload", "profile", "code"]
 # measured: a measurement that changes nothing (a profile of the best configuration), neither kept nor set aside.
-Verdict = Literal["baseline", "adopted", "no_gain", "regressed", "crashed", "ruled_out", "inconclusive", "measured"]
+# not_measured: the engine does not model the flags the change touches (a simulated engine), so nothing it
+# reports says what the change does: it has to be measured on GPUs.
+Verdict = Literal[
+    "baseline", "adopted", "no_gain", "regressed", "crashed", "ruled_out", "inconclusive", "measured", "not_measured"
+]
 
 
 class Target(_Model):
@@ -643,6 +647,11 @@ class Experiment(_Model):
     verdict: Verdict | None = None
     reason: str | None = Field(default=None, description="Why the verdict, with the measured numbers.")
     audit: list[FlagIssue] = Field(default_factory=list, description="The flag audit of `config` before launch.")
+    not_modelled: list[str] = Field(
+        default_factory=list,
+        description="Flags of `config` the engine does not model (a simulated engine's), so their effect is not in "
+        "its numbers; empty on a real engine.",
+    )
     failure: str | None = Field(default=None, description="Classified failure, e.g. oom, unrecognized-argument.")
     failure_detail: str | None = Field(default=None, description="The log line or message that says why it failed.")
     log_path: str | None = None

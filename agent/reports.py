@@ -44,6 +44,7 @@ VERDICT_WORDS = {
     "ruled_out": "ruled out",
     "inconclusive": "inconclusive",
     "measured": "measured (not a change)",
+    "not_measured": "not measured (the twin does not model it)",
     None: "not judged",
 }
 CHANGE_FORMULA = "change = (after - before) / before x 100, per level"
@@ -318,6 +319,23 @@ class Ledger:
         diff = e.config.diff(base.config if base else self.plan.target.base_config())
         return str(diff)
 
+    def unmodelled(self, e: m.Experiment) -> list[str]:
+        """The flags `e` changes that its engine does not model (recorded on the experiments), as typed."""
+        if e.kind == "baseline" or e.verdict == "baseline":
+            return []
+        base = self.base_of(e)
+        gone = set(e.not_modelled) | set(base.not_modelled if base is not None else [])
+        if not gone:
+            return []
+        diff = e.config.diff(base.config if base else self.plan.target.base_config())
+        return [c.name for c in diff.flags if c.name in gone]
+
+    def not_measured_text(self, e: m.Experiment) -> str:
+        """What a report says of a change the engine could not measure, and what would measure it."""
+        flags = self.unmodelled(e)
+        names = ", ".join(flags) if flags else "the flags this change touches"
+        return f"the twin does not model {names}; measure it on a GPU"
+
     def power_w(self, e: m.Experiment, c: int) -> tuple[float | None, float | None]:
         """(mean power per GPU, power limit) at a level, from telemetry."""
         t = self.telemetry.get(e.id or 0, {}).get(c)
@@ -455,6 +473,8 @@ def item_status(ledger: Ledger, item: m.PlanItem) -> tuple[str, list[m.Experimen
     last = exps[-1]
     if last.status in ("planned", "running"):
         return "testing", exps
+    if last.verdict == "not_measured":
+        return "not measured: the twin does not model it (for a GPU)", exps
     if last.verdict is not None:
         return f"tested: {VERDICT_WORDS[last.verdict]}", exps
     if last.status == "failed":
@@ -589,6 +609,14 @@ def _result_section(ledger: Ledger, item: m.PlanItem, e: m.Experiment) -> list[s
         if e.log_path:
             out += ["", f"Server log: {_inline_code(e.log_path)}"]
         return [*out, ""]
+    if e.verdict == "not_measured":
+        ran = (
+            f" The twin ran experiment #{e.id}, but its numbers leave this change out, so they are not a result."
+            if every
+            else " No launch was spent on it."
+        )
+        out += [f"Verdict: **{VERDICT_WORDS[e.verdict]}**. Not measured: {ledger.not_measured_text(e)}.{ran}", ""]
+        return out
     if item.kind == "profile":
         lines = [f for f in ledger.findings if f.experiment_id == e.id and "profile" in f.text.lower()]
         out += [f"- {f.text}" for f in lines] or ["No profile was recorded for this experiment."]
@@ -695,6 +723,17 @@ def _default_question(ledger: Ledger, steps: list[tuple[m.PlanItem, Expectation 
     return "Which of these should pivot pursue next, or do you have a different direction in mind?", options
 
 
+def plan_warnings(ledger: Ledger) -> dict[str, list[str]]:
+    """Per plan item, the plan checks' warnings and errors recorded in the ledger ("error: ...", "warning: ..."),
+    errors first: what a pivot option proposing the item, its document and the summary's next steps must say.
+    The checks are tools/analysis.py `check_plan`; they run with every document and summary the tools write."""
+    out: dict[str, list[str]] = {}
+    claims = [f for f in ledger.findings if f.kind == "claim" and f.plan_item and f.severity in ("warning", "error")]
+    for f in sorted(claims, key=lambda f: (f.severity != "error", f.plan_item or "")):
+        out.setdefault(f.plan_item or "", []).append(f"{f.severity}: {f.text}")
+    return out
+
+
 def next_steps(ledger: Ledger) -> list[tuple[m.PlanItem, Expectation | None]]:
     """Items not tested yet, ranked by the midpoint of their expected range (items without a number last)."""
     pending = []
@@ -722,6 +761,8 @@ def _effect(ledger: Ledger, e: m.Experiment) -> str:
 
 
 def _effect_text(ledger: Ledger, e: m.Experiment) -> str:
+    if e.verdict == "not_measured":
+        return "not measured: " + ledger.not_measured_text(e)
     levels = ledger.levels.get(e.id or 0, {})
     if e.status == "failed" and not levels:
         return f"did not start ({e.failure or 'failed'})"
@@ -849,11 +890,16 @@ def render_status(ledger: Ledger, number: int, question: str | None, options: Se
     # -- Next steps
     out += ["## Next steps", ""]
     steps = next_steps(ledger)
+    warnings = plan_warnings(ledger)
     if steps:
         for i, (item, _) in enumerate(steps, start=1):
             tier = plan.tiers.get(item.tier, f"tier {item.tier}")
             who = "a code change for you to make" if item.kind == "code" else item.kind
-            out.append(f"{i}. **{item.id} {item.title}** ({tier}; {who}). Expected: {item.expected_impact.strip()}")
+            line = f"{i}. **{item.id} {item.title}** ({tier}; {who}). Expected: {item.expected_impact.strip()}"
+            errors = [w for w in warnings.get(item.id, []) if w.startswith("error")]
+            if errors:
+                line += f" Plan check {errors[0]}"
+            out.append(line)
         out += [
             "",
             "Ranked by the midpoint of each item's expected range, as the plan states it; items without a number last.",
@@ -861,6 +907,13 @@ def render_status(ledger: Ledger, number: int, question: str | None, options: Se
         ]
     else:
         out += ["Every item of the plan has been tried.", ""]
+    unmeasured = [e for e in tried if e.verdict == "not_measured"]
+    if unmeasured:
+        out += ["To measure on a GPU (the twin does not model what they change, so it did not measure them):", ""]
+        out += [
+            f"- **{e.plan_item or ''} {e.title}**".replace("** ", "**", 1) + f": {ledger.not_measured_text(e)}."
+            for e in unmeasured
+        ] + [""]
     corrections = [f for f in ledger.findings if f.kind == "claim" and f.severity == "error"]
     if corrections:
         out += [
@@ -1070,7 +1123,11 @@ _CSS = (
 def _charts(ledger: Ledger, charts: Any) -> list[tuple[str, str, bytes]]:
     """(file stem, caption, PNG) of the summary's charts."""
     key = ledger.workload_key()
-    exps = [e for e in ledger.experiments if ledger.ok_levels(e) and e.workload.workload_key() == key]
+    exps = [
+        e
+        for e in ledger.experiments
+        if ledger.ok_levels(e) and e.workload.workload_key() == key and e.verdict != "not_measured"
+    ]
     if not exps:
         return []
     baseline = ledger.baseline()

@@ -73,6 +73,21 @@ class Engine(Protocol):
         """Start a server with `config`, logging to `log_path`; returns before it is ready."""
         ...
 
+    # Optional: `not_modelled(config) -> list[str]`, the flags of `config` whose effect the engine does not
+    # reproduce (a simulated engine's unmodelled flags; empty for a real one). See `not_modelled` below.
+
+
+def not_modelled(engine: object, config: m.ServerConfig) -> list[str]:
+    """The flags of `config` the engine does not model (its `not_modelled(config)`, empty when it has none): a
+    change of only such flags is not measured by that engine."""
+    method = getattr(engine, "not_modelled", None)
+    if method is None:
+        return []
+    try:
+        return [str(f) for f in method(config)]
+    except PivotError:
+        return []
+
 
 @dataclass(frozen=True)
 class Paths:

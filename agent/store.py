@@ -325,6 +325,12 @@ def _m006_session_settings(db: Database) -> None:
     db["experiments"].add_column("failure_detail", str)
 
 
+def _m009_truth(db: Database) -> None:
+    """The flags of an experiment's config its engine does not model (a simulated engine's), kept so a verdict
+    never calls an unmodelled change measured."""
+    db["experiments"].add_column("not_modelled_json", str)
+
+
 MIGRATIONS: list[Migration] = [
     ("001_initial", _m001_initial),
     ("002_server_processes", _m002_server_processes),
@@ -332,6 +338,7 @@ MIGRATIONS: list[Migration] = [
     ("004_analysis", _m004_analysis),
     ("005_telemetry_tokens", _m005_telemetry_tokens),
     ("006_session_settings", _m006_session_settings),
+    ("009_truth", _m009_truth),
 ]
 
 
@@ -751,6 +758,7 @@ class Store:
             "verdict": e.verdict,
             "reason": e.reason,
             "audit_json": json.dumps([issue.model_dump() for issue in e.audit]),
+            "not_modelled_json": json.dumps(e.not_modelled),
             "failure": e.failure,
             "failure_detail": e.failure_detail,
             "log_path": e.log_path,
@@ -775,6 +783,7 @@ class Store:
             verdict=row["verdict"],
             reason=row["reason"],
             audit=json.loads(row["audit_json"] or "[]"),
+            not_modelled=json.loads(row.get("not_modelled_json") or "[]"),
             failure=row["failure"],
             failure_detail=row.get("failure_detail"),
             log_path=row["log_path"],

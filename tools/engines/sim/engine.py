@@ -9,7 +9,7 @@ from agent.errors import PivotError
 from agent.session import ProgressCallback
 from tools.engines.catalog import CatalogError, audit, load_catalog
 from tools.engines.sim.scheduler import LevelSimulation
-from tools.engines.sim.twin import Twin, TwinStartupError
+from tools.engines.sim.twin import Twin, TwinStartupError, not_modelled_flags
 
 VERSION = "0.5.23"
 
@@ -126,6 +126,10 @@ class SimEngine:
 
     def validate(self, config: m.ServerConfig) -> list[m.FlagIssue]:
         return audit(load_catalog("sglang", VERSION), config)
+
+    def not_modelled(self, config: m.ServerConfig) -> list[str]:
+        """The flags of `config` SGLang reads but the twin does not model: their effect is never simulated."""
+        return not_modelled_flags(config, VERSION)
 
     def launch(self, config: m.ServerConfig, log_path: Path) -> SimDeployment:
         """Build the twin for `config`; SGLang's refusals and startup faults raise SimLaunchError."""

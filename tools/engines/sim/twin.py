@@ -66,6 +66,22 @@ def _parse(config: m.ServerConfig, version: str) -> tuple[dict[str, Any], list[s
     return parsed.values, list(dict.fromkeys(given)), list(dict.fromkeys(no_effect)), parsed.warnings
 
 
+def not_modelled_flags(config: m.ServerConfig, version: str = "0.5.23") -> list[str]:
+    """The flags of `config`, as typed, that SGLang reads but the twin does not model: a change of them alone leaves
+    the twin's numbers as they were, so the twin cannot measure it. Flags SGLang refuses, and flags SGLang itself
+    reads nowhere (no-ops: the twin's "no change" is right for them), are not in the list."""
+    from tools.engines.catalog import load_catalog
+
+    catalog = load_catalog("sglang", version)
+    out: list[str] = []
+    for flag in config.flags:
+        spec = catalog.resolve(flag.name)
+        if isinstance(spec, str) or spec.dest in MODELLED or catalog.noop_note(spec) is not None:
+            continue
+        out.append(flag.name)
+    return list(dict.fromkeys(out))
+
+
 @dataclass
 class Twin:
     """One simulated SGLang server: model, hardware, resolved flags, cost model and scheduler limits."""
