@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -1258,6 +1259,20 @@ def check_plan(session: SessionLike) -> list[m.Finding]:
     """
     store, session_id = session.store, session.id
     plan = store.get_session(session_id).plan
+    kv_levels = [
+        f
+        for f in store.findings(session_id, kind="level")
+        if f.experiment_id is not None and "kv_usage_pct" in f.values
+    ]
+    out = plan_claims(plan, store.experiments(session_id), kv_levels)
+    return store.replace_findings(session_id, None, out)
+
+
+def plan_claims(
+    plan: m.Plan, experiments: Sequence[m.Experiment] = (), kv_levels: Sequence[m.Finding] = ()
+) -> list[m.Finding]:
+    """The plan checks of `check_plan`, on a plan alone (`pivot plan check`) or with a session's experiments (their
+    audits) and the KV usage its analyses measured; nothing is recorded."""
     target = plan.target
     model = _model_profile(target)
     hw = load_hardware(target.hardware)
@@ -1266,12 +1281,6 @@ def check_plan(session: SessionLike) -> list[m.Finding]:
     roof = Roofline(model, hw, lay["tp"], lay["pp"], lay["ep"], flag_value(base, "--kv-cache-dtype"))
     top_c = max(plan.workload.concurrency)
     out: list[m.Finding] = []
-    experiments = store.experiments(session_id)
-    kv_levels = [
-        f
-        for f in store.findings(session_id, kind="level")
-        if f.experiment_id is not None and "kv_usage_pct" in f.values
-    ]
 
     for item in plan.items:
         text = " ".join([item.title, item.hypothesis, item.expected_impact])
@@ -1450,4 +1459,4 @@ def check_plan(session: SessionLike) -> list[m.Finding]:
                         )
                     )
             break
-    return store.replace_findings(session_id, None, out)
+    return out
