@@ -266,13 +266,28 @@ def plan() -> None:
 @click.argument("plan_ref", metavar="FILE")
 @click.option("--json", "as_json", is_flag=True, help="Print the validated plan as JSON on stdout.")
 def plan_check(plan_ref: str, as_json: bool) -> None:
-    """Validate a plan file (or a shipped plan by name) and summarize it."""
+    """Validate a plan file (or a shipped plan by name), check everything knowable before a launch, summarize it.
+
+    Checked: the model and hardware profiles exist; the base flags and every item's flags pass SGLang's audit
+    (unknown, removed, ambiguous or invalid: error; no-op or deprecated: warning); the plan checks (physics and
+    direction of each item's claims). Exit 1 when there is an error.
+    """
+    from tools.preflight import preflight
+
     p = load_plan(plan_ref)
+    problems = preflight(p)
+    errors = [x for x in problems if x.severity == "error"]
+    warnings = [x for x in problems if x.severity == "warning"]
     if as_json:
-        print_json(dump(p))
+        print_json({**dump(p), "problems": [x.model_dump() for x in problems]})
+        if errors:
+            raise SystemExit(1)
         return
     t = p.target
-    out.print(f"[green]ok[/] {p.source}", markup=True)
+    if errors:
+        out.print(f"[red]{len(errors)} error{'s' if len(errors) != 1 else ''}[/] {p.source}", markup=True)
+    else:
+        out.print(f"[green]ok[/] {p.source}", markup=True)
     out.print(f"[bold]{p.name}[/]: {p.title}", markup=True)
     out.print(f"target {t.model} on {t.gpus}x {t.hardware}, {t.engine} {t.engine_version or ''}".rstrip())
     out.print(f"base flags: {t.flags or '(none)'}")
@@ -297,6 +312,17 @@ def plan_check(plan_ref: str, as_json: bool) -> None:
     out.print(table)
     if p.prior:
         out.print(f"prior results: {len(p.prior)} (" + "; ".join(f"{r.title}: {r.verdict}" for r in p.prior) + ")")
+    checks = make_table("severity", "where", "check", "finding")
+    for x in problems:
+        checks.add_row(x.severity, x.where, x.check, x.message)
+    if problems:
+        out.print(checks)
+    out.print(
+        f"{len(errors)} error{'s' if len(errors) != 1 else ''}, {len(warnings)} warning{'s' if len(warnings) != 1 else ''}"
+        + (": fix the errors before a launch spends GPU time on them" if errors else "")
+    )
+    if errors:
+        raise SystemExit(1)
 
 
 @plan.command("list")

@@ -235,7 +235,11 @@ def _load(kind: str, ref: str, model: type[BaseModel]) -> BaseModel:
         path = HERE / kind / f"{ref}.toml"
     if not path.is_file():
         known = ", ".join(names(kind)) or "none"
-        raise PivotError(f"no {kind[:-1]} profile {ref!r}", hint=f"shipped {kind} profiles: {known}")
+        what = {"models": "model", "hardware": "hardware"}.get(kind, kind)
+        raise PivotError(
+            f"no {what} profile {ref!r}; the {what} profiles that exist: {known}",
+            hint=f"a {what} profile is a TOML file in {HERE / kind} (the README's Profiles section)",
+        )
     try:
         return model.model_validate(tomllib.loads(path.read_text(encoding="utf-8")))
     except tomllib.TOMLDecodeError as e:
