@@ -54,7 +54,15 @@ class Calibration(_Profile):
     prefill_us_per_token: float = Field(
         ge=0, description="Per-token prefill work outside the GEMM roofline (attention and indexer, KV pages)."
     )
-    power_activity: float = Field(gt=0, le=1, description="Power above idle per unit of GPU activity.")
+    power_activity: float = Field(
+        gt=0, le=1, description="Power above idle per unit of activity (memory use + weighted tensor use)."
+    )
+    power_compute_weight: float = Field(
+        default=5.0,
+        gt=0,
+        description="The tensor cores at their peak rate draw this many times what the memory at its peak bandwidth "
+        "draws (activity = this x tensor use + memory use).",
+    )
 
     def gemm_efficiency(self, m: float, n: float) -> float:
         """Achieved / peak tensor throughput of a GEMM with m rows and output width n (the compute side)."""

@@ -278,6 +278,10 @@ class Twin:
             ignore_eos=spec.ignore_eos,
         )
 
+    def power_w(self, sim: LevelSimulation) -> float:
+        """Mean power per GPU over a simulated level, from its tensor-core and memory use (costmodel.power_w)."""
+        return self.cost.power_w(sim.tensor_s / sim.wall_s, sim.memory_s / sim.wall_s)
+
     def level(self, spec: m.BenchSpec, sim: LevelSimulation, concurrency: int) -> m.BenchLevel:
         """The simulated level in bench_serving's keys, plus mean_gpu_power_w and max_token_usage."""
         level = compute_level(
@@ -292,13 +296,13 @@ class Twin:
         )
         return m.BenchLevel(
             **level.model_dump(),
-            mean_gpu_power_w=round(self.cost.power_w(sim.busy_s / sim.wall_s), 1),
+            mean_gpu_power_w=round(self.power_w(sim), 1),
             max_token_usage=round(sim.max_token_usage, 4),
         )
 
     def telemetry(self, sim: LevelSimulation, concurrency: int) -> m.Telemetry:
         """Simulated per-GPU telemetry for a level (every GPU of the layout alike)."""
-        power = self.cost.power_w(sim.busy_s / sim.wall_s)
+        power = self.power_w(sim)
         busy = min(sim.busy_s / sim.wall_s, 1.0)
         gpu = {
             "name": self.hw.title,
