@@ -111,15 +111,6 @@ def unlock(home: Home, session_ref: str, force: bool) -> None:
     out.print(f"session {session.id}: " + (f"lock of pid {pid} cleared" if pid else "was not locked"))
 
 
-def _best_output(results: list[m.BenchResult]) -> tuple[float | None, int | None]:
-    best: tuple[float | None, int | None] = (None, None)
-    for result in results:
-        for level in result.levels:
-            if best[0] is None or level.output_throughput > best[0]:
-                best = (level.output_throughput, level.max_concurrency)
-    return best
-
-
 @cli.command()
 @click.argument("session_ref", metavar="SESSION")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
@@ -139,6 +130,16 @@ def show(home: Home, session_ref: str, as_json: bool) -> None:
         base = by_id[e.base_experiment_id].config if e.base_experiment_id in by_id else base_config
         return str(e.config.diff(base))
 
+    from agent.reports import Ledger
+
+    ledger = Ledger.read(store, session.id)
+
+    def figure(e: m.Experiment) -> dict[str, float | int] | None:
+        found = ledger.figure(e)
+        if found is None:
+            return None
+        return {"output_tok_s": found[0], "max_concurrency": found[1], "runs": found[2]}
+
     if as_json:
         print_json(
             {
@@ -149,6 +150,7 @@ def show(home: Home, session_ref: str, as_json: bool) -> None:
                     {
                         **dump(e),
                         "change": change(e),
+                        "figure": figure(e),
                         "results": [dump(r) for r in store.bench_results(e.id or 0)],
                         "telemetry": [dump(t) for t in store.telemetry(e.id or 0)],
                     }
@@ -180,10 +182,9 @@ def show(home: Home, session_ref: str, as_json: bool) -> None:
 
     out.print("\n[bold]Experiments[/]", markup=True)
     if experiments:
-        table = make_table("id", "item", "kind", "change", "status", "best out tok/s", "verdict", "reason")
+        table = make_table("id", "item", "kind", "change", "status", "out tok/s (mean of runs)", "verdict", "reason")
         for e in experiments:
-            best, at = _best_output(store.bench_results(e.id or 0))
-            best_text = f"{best:,.0f} @ {at}" if best is not None else ""
+            best_text = ledger.figure_text(e)
             table.add_row(
                 str(e.id), e.plan_item or "", e.kind, change(e), e.status, best_text, e.verdict or "", e.reason or ""
             )

@@ -300,6 +300,24 @@ class Ledger:
         """Levels that completed requests without failures."""
         return {c: lv for c, lv in self.levels.get(e.id or 0, {}).items() if lv.completed > 0 and lv.failed == 0}
 
+    def figure(self, e: m.Experiment) -> tuple[float, int, int] | None:
+        """The one number every view gives for an experiment: (output tok/s, concurrency, runs), the mean of its
+        runs at the level where that mean is highest (levels with failed requests left out). None when nothing
+        completed, or when the engine did not model the change (its numbers say nothing of it)."""
+        ok = self.ok_levels(e)
+        if not ok or e.verdict == "not_measured":
+            return None
+        c, level = max(ok.items(), key=lambda kv: (kv[1].output_throughput, kv[0]))
+        return level.output_throughput, c, self.runs.get(e.id or 0, 0)
+
+    def figure_text(self, e: m.Experiment) -> str:
+        """`figure` in words: "2,046 @2048 (2 runs)" (the mean of 2 runs), "" when there is none."""
+        found = self.figure(e)
+        if found is None:
+            return ""
+        tok_s, c, runs = found
+        return f"{tok_s:,.0f} @{c} ({runs} run{'s' if runs != 1 else ''})"
+
     def base_of(self, e: m.Experiment) -> m.Experiment | None:
         return self.experiment(e.base_experiment_id)
 
