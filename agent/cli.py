@@ -157,6 +157,7 @@ def show(home: Home, session_ref: str, as_json: bool) -> None:
                     for e in experiments
                 ],
                 "pivots": [dump(p) for p in pivots],
+                "plan_changes": [dump(c) for c in store.plan_changes(session.id)],
                 "documents": [dump(d) for d in documents],
             }
         )
@@ -191,6 +192,14 @@ def show(home: Home, session_ref: str, as_json: bool) -> None:
         out.print(table)
     else:
         out.print("  (none)")
+
+    changes = store.plan_changes(session.id)
+    if changes:
+        out.print("\n[bold]Plan changes[/]", markup=True)
+        for c in changes:
+            out.print(f"  {_when(c.at)} from {c.source or '(no file)'}:", highlight=False)
+            for line in c.changes:
+                out.print(f"     {line}", highlight=False)
 
     out.print("\n[bold]Pivots[/]", markup=True)
     if pivots:

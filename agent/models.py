@@ -720,6 +720,16 @@ class ServerProcess(_Model):
     stopped_at: datetime | None = None
 
 
+class PlanChange(_Model):
+    """A session's plan replaced by an edited one (`pivot resume --plan`): what changed, from which file, when."""
+
+    id: int | None = None
+    session_id: str
+    source: str | None = Field(default=None, description="The file the new plan was read from.")
+    changes: list[str] = Field(description="What differs, one line each: base flags, items added, removed, changed.")
+    at: datetime = Field(default_factory=utcnow)
+
+
 SessionStatus = Literal["active", "waiting", "finished", "failed", "stopped"]
 
 

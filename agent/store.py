@@ -329,6 +329,13 @@ def _m009_truth(db: Database) -> None:
     """The flags of an experiment's config its engine does not model (a simulated engine's), kept so a verdict
     never calls an unmodelled change measured."""
     db["experiments"].add_column("not_modelled_json", str)
+    db["plan_changes"].create(
+        {"id": int, "session_id": str, "source": str, "changes_json": str, "old_plan_json": str, "at": str},
+        pk="id",
+        foreign_keys=[("session_id", "sessions", "id")],
+        not_null={"session_id", "changes_json", "at"},
+    )
+    db["plan_changes"].create_index(["session_id"])
 
 
 MIGRATIONS: list[Migration] = [
@@ -617,6 +624,46 @@ class Store:
             db.execute(
                 "update sessions set model = ?, updated_at = ? where id = ?", [model, _ts(m.utcnow()), session_id]
             )
+
+    def change_session_plan(self, session_id: str, plan: m.Plan, changes: list[str]) -> m.PlanChange:
+        """Replace the session's plan with an edited one, and record what changed (the old plan is kept)."""
+        change = m.PlanChange(session_id=session_id, source=plan.source, changes=changes)
+        with self._write() as db:
+            rows = list(db["sessions"].rows_where("id = ?", [session_id]))
+            if not rows:
+                raise SessionNotFound(f"no session {session_id!r}")
+            table = db["plan_changes"]
+            table.insert(
+                {
+                    "session_id": session_id,
+                    "source": change.source,
+                    "changes_json": json.dumps(changes),
+                    "old_plan_json": rows[0]["plan_json"],
+                    "at": _ts(change.at),
+                }
+            )
+            db.execute(
+                "update sessions set plan_json = ?, plan_name = ?, updated_at = ? where id = ?",
+                [plan.model_dump_json(), plan.name, _ts(m.utcnow()), session_id],
+            )
+            return change.model_copy(update={"id": table.last_pk})
+
+    def plan_changes(self, session_id: str) -> list[m.PlanChange]:
+        """The session's plan changes, oldest first."""
+        with self._read() as db:
+            if "plan_changes" not in db.table_names():
+                return []
+            rows = db["plan_changes"].rows_where("session_id = ?", [session_id], order_by="id")
+            return [
+                m.PlanChange(
+                    id=r["id"],
+                    session_id=r["session_id"],
+                    source=r["source"],
+                    changes=json.loads(r["changes_json"]),
+                    at=_dt(r["at"]),
+                )
+                for r in rows
+            ]
 
     def set_session_status(self, session_id: str, status: m.SessionStatus) -> None:
         with self._write() as db:

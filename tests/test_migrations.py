@@ -24,6 +24,7 @@ TABLES = {
     "servers",
     "findings",
     "microbench_results",
+    "plan_changes",
 }
 
 
