@@ -977,12 +977,17 @@ def _root_cause(ledger: Ledger, used: set[int]) -> list[str]:
             moe = any("rows_per_expert" in f.values for f in levels)
             header = [
                 "concurrency",
+                "running requests",
                 "rows per expert" if moe else "GEMM rows (M)",
                 "FLOP/byte",
                 "bound",
+                "GEMM TFLOP per step",
+                "GEMM ms",
                 "TFLOPS",
                 "% of peak",
+                "GB per step",
                 "bandwidth floor ms",
+                "TPOT ms",
                 "TPOT / floor",
                 "W per GPU",
                 "% of power limit",
@@ -992,15 +997,21 @@ def _root_cause(ledger: Ledger, used: set[int]) -> list[str]:
             for f in levels:
                 v = f.values
                 rows_pe = v["rows_per_expert"] if moe else round(v["gemm_m"])
+                gemm_ms = v.get("estimate_expert_gemm_ms" if moe else "estimate_dense_gemm_ms")
                 rows.append(
                     [
                         int(v["max_concurrency"]),
+                        _tok(v.get("running_decodes")),
                         _rows(rows_pe),
                         f"{v['arithmetic_intensity_flop_per_byte']:,.0f}",
                         "memory" if v.get("memory_bound") else "compute",
-                        f"{v['achieved_tflops']:,.0f}",
+                        f"{v['gemm_tflop']:.4g}" if "gemm_tflop" in v else "",
+                        _ms(gemm_ms),
+                        f"{v['achieved_tflops']:,.1f}",
                         f"{v['share_of_peak_pct']:.1f}",
+                        f"{v['step_bytes_gb']:.2f}",
                         _ms(v["bandwidth_floor_ms"]),
+                        _ms(v.get("mean_tpot_ms")),
                         f"{v['tpot_over_floor']:.1f}",
                         _tok(v.get("power_w_mean")),
                         _tok(v.get("power_share_pct")),
@@ -1008,6 +1019,19 @@ def _root_cause(ledger: Ledger, used: set[int]) -> list[str]:
                     ]
                 )
             out += [_table(header, rows, ["r"] * len(header)), ""]
+            v = levels[-1].values
+            per_expert = (
+                f"rows per expert = running requests x {v['experts_per_token']:.0f} / {v['experts']:.0f}; "
+                if moe and "experts" in v
+                else ""
+            )
+            out += [
+                f"Each row is one set of numbers, at the requests that actually decode (running requests, from "
+                f"Little's law): {per_expert}TFLOPS = GEMM TFLOP per step / GEMM ms (the decode-step estimate); "
+                f"% of peak = TFLOPS / {v['peak_tflops']:,.0f}; bandwidth floor = GB per step / "
+                f"{v.get('bandwidth_gbs', 0):,.0f} GB/s; TPOT / floor = TPOT ms / bandwidth floor ms.",
+                "",
+            ]
         formulas = sorted({f.formula for f in fs if f.formula})
         if formulas:
             out += ["How the numbers were derived:", ""] + [f"- {x}" for x in formulas] + [""]

@@ -199,6 +199,10 @@ def profile(ctx: RunContext[Session]) -> dict[str, Any]:
         out = session.paths.session_state_dir(session.id) / "profiles"
         summary = profile_server(dep.base_url, out)
     result = analyze(session, live.experiment_id, profile=summary)
+    from tools.analysis import same_config_analysed
+
+    for other in same_config_analysed(session.store, session.id, live.experiment_id or 0):
+        analyze(session, other)  # the best configuration's root cause now rests on this measured profile
     shares = {k: round(v.share * 100, 1) for k, v in summary.categories.items()}
     session.emit(
         "tool_result",
