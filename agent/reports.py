@@ -256,6 +256,8 @@ class Ledger:
     documents: list[m.Document]
     pivots: list[m.Pivot]
     runs: dict[int, int] = field(default_factory=dict)  # experiment -> benchmark runs (reruns average)
+    # experiment -> concurrency -> (max - min) / mean of its runs' output tok/s, in %, where it has two or more
+    spread_pct: dict[int, dict[int, float]] = field(default_factory=dict)
 
     @classmethod
     def read(cls, store: Store, session_id: str) -> Ledger:
@@ -265,6 +267,7 @@ class Ledger:
         sources: dict[int, str] = {}
         telemetry: dict[int, dict[int, m.Telemetry]] = {}
         runs: dict[int, int] = {}
+        spread: dict[int, dict[int, float]] = {}
         for e in experiments:
             eid = e.id or 0
             by_level: dict[int, list[m.BenchLevel]] = {}
@@ -276,6 +279,10 @@ class Ledger:
                     if level.max_concurrency is not None:
                         by_level.setdefault(level.max_concurrency, []).append(level)
             levels[eid] = {c: m.BenchLevel.mean(lvs) for c, lvs in by_level.items()}
+            for c, lvs in by_level.items():
+                ok = [lv.output_throughput for lv in lvs if lv.completed > 0 and lv.failed == 0]
+                if len(ok) >= 2 and sum(ok) > 0:
+                    spread.setdefault(eid, {})[c] = (max(ok) - min(ok)) / (sum(ok) / len(ok)) * 100
             telemetry[eid] = {t.max_concurrency: t for t in store.telemetry(eid) if t.max_concurrency is not None}
         return cls(
             record=record,
@@ -287,7 +294,19 @@ class Ledger:
             documents=store.documents(record.id),
             pivots=store.pivots(record.id),
             runs=runs,
+            spread_pct=spread,
         )
+
+    def band_pct(self) -> float:
+        """The noise band, as the method sets it: max(the session's minimum gain, the spread of the baseline's runs
+        at its highest level that completed)."""
+        floor = self.record.settings.min_gain_pct
+        base = self.baseline()
+        if base is None:
+            return floor
+        ok = self.ok_levels(base)
+        spread = self.spread_pct.get(base.id or 0, {}).get(max(ok)) if ok else None
+        return max(floor, spread or 0.0)
 
     @property
     def plan(self) -> m.Plan:
@@ -1165,10 +1184,15 @@ _CSS = (
 def _charts(ledger: Ledger, charts: Any) -> list[tuple[str, str, bytes]]:
     """(file stem, caption, PNG) of the summary's charts."""
     key = ledger.workload_key()
+
+    def crashes(e: m.Experiment) -> dict[int, str]:
+        failed = [c for c, lv in ledger.levels.get(e.id or 0, {}).items() if lv.failed > 0]
+        return {c: e.failure or "requests failed" for c in failed}
+
     exps = [
         e
         for e in ledger.experiments
-        if ledger.ok_levels(e) and e.workload.workload_key() == key and e.verdict != "not_measured"
+        if (ledger.ok_levels(e) or crashes(e)) and e.workload.workload_key() == key and e.verdict != "not_measured"
     ]
     if not exps:
         return []
@@ -1189,31 +1213,50 @@ def _charts(ledger: Ledger, charts: Any) -> list[tuple[str, str, bytes]]:
             role(e), e.plan_item or e.kind
         )
         change = ledger.change_text(e).removeprefix("base flags: ")
-        change = change if len(change) <= 42 else change[:41] + "…"
-        return f"#{e.id} {words}: {change}"
+        verdict = f" ({VERDICT_WORDS[e.verdict]})" if e.verdict not in (None, "baseline") else ""
+        return f"#{e.id} {words}: {change}{verdict}"
 
     simulated = any(ledger.sources.get(e.id or 0) == "simulated" for e in exps)
     note = "simulated by pivot's digital twin" if simulated else ""
     out = []
-    series = [
-        charts.Series(label(e), {c: lv.output_throughput for c, lv in ledger.ok_levels(e).items()}, role(e))
-        for e in exps
-    ]
+
+    def series_of(metric: str) -> list[Any]:
+        return [
+            charts.Series(
+                label(e),
+                {c: getattr(lv, metric) for c, lv in ledger.ok_levels(e).items()},
+                role(e),
+                crashes=crashes(e),
+                tag=f"#{e.id}",
+            )
+            for e in exps
+        ]
+
+    band_pct = ledger.band_pct()
+    base_points = (
+        {c: lv.output_throughput for c, lv in ledger.ok_levels(baseline).items()} if baseline is not None else {}
+    )
     out.append(
         (
             "throughput",
-            "Output tok/s against concurrency: baseline, best and every configuration tried.",
-            charts.line_chart(series, title="Output tok/s", ylabel="output tok/s", note=note),
+            "Output tok/s against concurrency: baseline, best and every configuration tried, the baseline's noise "
+            f"band shaded (+-{band_pct:.1f}%), crashes marked.",
+            charts.line_chart(
+                series_of("output_throughput"),
+                title="Output tok/s (mean of each experiment's runs)",
+                ylabel="output tok/s",
+                note=note,
+                band=(base_points, band_pct) if base_points else None,
+            ),
         )
     )
-    series = [
-        charts.Series(label(e), {c: lv.mean_tpot_ms for c, lv in ledger.ok_levels(e).items()}, role(e)) for e in exps
-    ]
     out.append(
         (
             "tpot",
-            "Mean TPOT against concurrency, same configurations.",
-            charts.line_chart(series, title="Mean TPOT (ms)", ylabel="mean TPOT (ms)", note=note),
+            "Mean TPOT against concurrency, same configurations (lower is better).",
+            charts.line_chart(
+                series_of("mean_tpot_ms"), title="Mean TPOT (ms, lower is better)", ylabel="mean TPOT (ms)", note=note
+            ),
         )
     )
     power_exps = [e for e in exps if role(e) in ("baseline", "best")]
@@ -1227,7 +1270,7 @@ def _charts(ledger: Ledger, charts: Any) -> list[tuple[str, str, bytes]]:
                 points[c] = w
                 limit = limit or lim
         if points:
-            power_series.append(charts.Series(label(e), points, role(e)))
+            power_series.append(charts.Series(label(e), points, role(e), tag=f"#{e.id}"))
     if power_series:
         out.append(
             (
