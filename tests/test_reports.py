@@ -431,7 +431,7 @@ def test_charts_a_reader_understands_at_a_glance():
     markers = [line.get_marker() for line in lines]
     assert len(set(markers)) == len(markers) == 5  # one marker per series: overlapping lines stay apart
     texts = [t.get_text() for t in ax.texts]
-    assert any("#8 crashed at 1024 (cuda-error)" == t for t in texts)
+    assert any(t == "#8 crashed at 1024 (cuda-error)" for t in texts)
     assert {"#1", "#3", "#5", "#7"} <= set(texts)  # direct labels where the lines end
     crosses = [line for line in ax.get_lines() if line.get_marker() == "X" and list(line.get_xdata()) == [1024]]
     assert crosses and list(crosses[0].get_ydata()) == [700]
