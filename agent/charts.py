@@ -164,8 +164,7 @@ def _place_tags(fig, ax, tags: list[tuple[float, float, str, str]]) -> None:
     """Write each series' tag right of its last point, moved apart vertically so that none covers another."""
     if not tags:
         return
-    fig.canvas.draw()
-    to_px = ax.transData.transform
+    to_px = ax.transData.transform  # valid before drawing: the axes' place and limits are set
     placed: list[tuple[float, float, str, str, float]] = []
     gap = 11.0  # pixels between two tags at the same level
     for x, y, text, color in sorted(tags, key=lambda t: (t[0], t[1])):

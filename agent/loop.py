@@ -61,7 +61,9 @@ The method:
    verdict=baseline). Every comparison uses the same workload; an item that changes the workload gets its own
    baseline on it.
 4. One change at a time, on top of the best configuration so far: audit_flags first; if the engine would refuse
-   the flags, record_verdict with plan_item and verdict ruled_out, without launching. Otherwise launch_server,
+   the flags, record_verdict with plan_item and verdict ruled_out, without launching. If the engine is simulated
+   and does not model the flags the item changes, record_verdict with plan_item and verdict not_measured, without
+   launching (its numbers could not show the change: it needs a GPU). Otherwise launch_server,
    run_benchmark, then record_verdict by the judgement run_benchmark returns: adopted only beyond the noise band,
    rerun a gain inside it before calling it no_gain, regressed beyond the band the other way, crashed with the
    classified reason. Name flags that do nothing in this version (no-ops) in the reason. stop_server after each.

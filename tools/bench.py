@@ -7,6 +7,7 @@ base (tools/method.py), so the verdict that follows rests on numbers the ledger 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from typing import Any
 
@@ -203,6 +204,10 @@ def profile(ctx: RunContext[Session]) -> dict[str, Any]:
 
     for other in same_config_analysed(session.store, session.id, live.experiment_id or 0):
         analyze(session, other)  # the best configuration's root cause now rests on this measured profile
+    from tools.analysis import check_plan
+
+    with contextlib.suppress(PivotError):  # a plan the checks cannot read stays unchecked
+        check_plan(session)  # with the KV usage this analysis measured
     shares = {k: round(v.share * 100, 1) for k, v in summary.categories.items()}
     session.emit(
         "tool_result",

@@ -54,6 +54,7 @@ def analyze(ctx: RunContext[Session], experiment_id: int | None = None) -> dict[
         result = run_analysis(ctx.deps, experiment_id)
     except PivotError as e:
         raise ModelRetry(f"{e.message}; {e.hint or ''}") from e
+    check_plan_quietly(ctx.deps)  # the plan checks read the KV usage the analysis measured: documents follow now
     ctx.deps.emit("tool_result", f"analysis of experiment {result.experiment_id}: {result.bottleneck or 'no verdict'}")
     return {
         "experiment_id": result.experiment_id,
