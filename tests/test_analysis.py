@@ -296,3 +296,7 @@ def test_a_profile_of_the_same_configuration_is_what_the_root_cause_uses(glm5, s
     a = analyze(glm5, best)  # no profile of its own: the same configuration's measured one
     assert a.bottleneck == "communication"
     assert any("communication 80%" in f.text for f in a.evidence)
+    said = f"Profile (measured, on experiment {twin_run.id}: the same configuration"
+    assert any(f.text.startswith(said) for f in a.findings)
+    again = analyze(glm5, best)  # re-analysed: its copy still says where the profile was measured
+    assert any(f.text.startswith(said) for f in again.findings)

@@ -490,7 +490,9 @@ def analyze(
     roof = Roofline(model, hw, lay["tp"], lay["pp"], lay["ep"], kv_dtype, bench)
     telemetry = _telemetry_by_level(store, experiment_id)
     if profile is None:
-        profile = _recorded_profile(store, session_id, experiment_id)
+        profile, profiled_on = _recorded_profile(store, session_id, experiment_id)
+    else:
+        profiled_on = experiment_id
 
     analysis = Analysis(
         session_id=session_id,
@@ -532,7 +534,7 @@ def analyze(
     analysis.stops_scaling_at = stops.max_concurrency if stops else None
     findings.append(_scaling_finding(rows, stops))
     if profile is not None:
-        findings.append(_profile_finding(profile, ref))
+        findings.append(_profile_finding(profile, ref, None if profiled_on == experiment_id else profiled_on))
     category, evidence, secondary = _decide(roof, rows, ref, stops, failed_levels, profile, hw)
     analysis.bottleneck = category
     title = m.BOTTLENECK_TITLES[category]
@@ -798,10 +800,11 @@ def _scaling_finding(rows: list[LevelRoofline], stops: LevelRoofline | None) -> 
     )
 
 
-def _profile_finding(profile: m.ProfileSummary, ref: LevelRoofline) -> m.Finding:
+def _profile_finding(profile: m.ProfileSummary, ref: LevelRoofline, elsewhere: int | None = None) -> m.Finding:
     parts = sorted(profile.categories.items(), key=lambda kv: -kv[1].share)
     text = (
         f"Profile ({profile.source}"
+        + (f", on experiment {elsewhere}: the same configuration" if elsewhere is not None else "")
         + (f", concurrency {profile.max_concurrency}" if profile.max_concurrency else "")
         + "): "
         + ", ".join(f"{COMPONENT_TITLES.get(_PROFILE_COMPONENTS.get(k, k), k)} {_n(100 * c.share)}%" for k, c in parts)
@@ -809,6 +812,8 @@ def _profile_finding(profile: m.ProfileSummary, ref: LevelRoofline) -> m.Finding
     )
     values = {f"profile_{k}_share_pct": 100 * c.share for k, c in profile.categories.items()}
     values.update({f"profile_{k}_s": c.seconds for k, c in profile.categories.items()})
+    if elsewhere is not None:
+        values["profiled_experiment_id"] = elsewhere
     return _finding(
         "evidence",
         text,
@@ -818,20 +823,20 @@ def _profile_finding(profile: m.ProfileSummary, ref: LevelRoofline) -> m.Finding
     )
 
 
-def _recorded_profile(store: Store, session_id: str, experiment_id: int) -> m.ProfileSummary | None:
+def _recorded_profile(store: Store, session_id: str, experiment_id: int) -> tuple[m.ProfileSummary | None, int | None]:
     """A profile an earlier analysis of this experiment recorded (its shares survive re-analysis); else the latest
     profile of another experiment with the same configuration and workload (a profile item measures the best
     configuration on a server of its own: that measurement is what the best configuration's root cause uses)."""
-    found = _profile_of(store, session_id, experiment_id)
+    found, on = _profile_of(store, session_id, experiment_id)
     if found is not None:
-        return found
+        return found, on or experiment_id
     this = store.get_experiment(experiment_id)
     for other in reversed(store.experiments(session_id)):
         if other.id != experiment_id and other.config == this.config and other.workload == this.workload:
-            found = _profile_of(store, session_id, other.id or 0)
+            found, on = _profile_of(store, session_id, other.id or 0)
             if found is not None:
-                return found
-    return None
+                return found, on or other.id
+    return None, None
 
 
 def same_config_analysed(store: Store, session_id: str, experiment_id: int) -> list[int]:
@@ -850,7 +855,8 @@ def same_config_analysed(store: Store, session_id: str, experiment_id: int) -> l
     ]
 
 
-def _profile_of(store: Store, session_id: str, experiment_id: int) -> m.ProfileSummary | None:
+def _profile_of(store: Store, session_id: str, experiment_id: int) -> tuple[m.ProfileSummary | None, int | None]:
+    """The profile recorded with an experiment's analysis, and the experiment it was measured on."""
     for f in store.findings(session_id, experiment_id=experiment_id, kind="evidence"):
         shares = {
             k[len("profile_") : -len("_share_pct")]: v
@@ -863,8 +869,10 @@ def _profile_of(store: Store, session_id: str, experiment_id: int) -> m.ProfileS
                 for k, v in shares.items()
             }
             source = "simulated" if "(simulated" in f.text else "measured"
-            return m.ProfileSummary(source=source, categories=cats, max_concurrency=f.max_concurrency)
-    return None
+            on = f.values.get("profiled_experiment_id")
+            summary = m.ProfileSummary(source=source, categories=cats, max_concurrency=f.max_concurrency)
+            return summary, int(on) if on is not None else None
+    return None, None
 
 
 def _decide(
