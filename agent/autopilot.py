@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -39,41 +38,9 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from agent import models as m
 from agent import reports
 from agent.session import Session
-from tools.method import Method, not_measured_text
+from tools.method import Decision, Method, not_measured_text, understood
 from tools.server import unmeasurable_item
 
-STOP_WORDS = {
-    "the",
-    "a",
-    "an",
-    "of",
-    "and",
-    "or",
-    "to",
-    "on",
-    "in",
-    "for",
-    "with",
-    "at",
-    "by",
-    "try",
-    "run",
-    "test",
-    "please",
-    "item",
-    "do",
-    "it",
-    "go",
-    "next",
-    "then",
-    "i",
-    "want",
-    "lets",
-    "let's",
-    "us",
-}
-CONTINUE_WORDS = ("continue", "go on", "proceed", "next tier", "yes", "carry on", "keep going")
-STOP_ANSWERS = ("stop", "finish", "done", "enough", "end", "quit")
 PROMISING_FACTOR = 2.0  # a plan item is promising when it expects at least this times the noise floor
 
 
@@ -84,57 +51,6 @@ class Call:
     tool: str | None
     args: dict[str, Any] = field(default_factory=dict)
     text: str = ""
-
-
-@dataclass
-class Decision:
-    """What the answers given so far decide: the tiers released, the items asked for, whether to stop."""
-
-    released: set[int]
-    requested: list[tuple[str, datetime]]  # (item id, asked since)
-    stopped_at: datetime | None = None
-    unclear: m.Pivot | None = None  # the last answer, when it was not understood (or cannot be done)
-    why_unclear: str = ""
-
-
-def interpret(answer: str, options: list[str], plan: m.Plan) -> tuple[str, str | None]:
-    """An answer's meaning: ("continue", None), ("stop", None), ("item", id) or ("unclear", None)."""
-    text = answer.strip()
-    low = text.lower()
-    if re.fullmatch(r"\d+", text) and options and 1 <= int(text) <= len(options) and text not in plan.item_ids():
-        return interpret(options[int(text) - 1], [], plan)
-    if re.fullmatch(r"\d+", text) and text in plan.item_ids():
-        return "item", text
-    words = re.findall(r"[a-z0-9+.-]+", low)
-    if words and words[0] in STOP_ANSWERS:
-        return "stop", None
-    if any(low.startswith(w) for w in CONTINUE_WORDS):
-        return "continue", None
-    ids = [w for w in re.findall(r"\b\d{2,3}\b", low) if w in plan.item_ids()]
-    if ids:
-        return "item", ids[0]
-    significant = [w for w in words if w not in STOP_WORDS and len(w) > 1]
-    if significant:
-        scores = []
-        for item in plan.items:
-            title = set(re.findall(r"[a-z0-9+.-]+", item.title.lower()))
-            hit = sum(w in title for w in significant)
-            scores.append((hit, item.id))
-        scores.sort(reverse=True)
-        best, second = scores[0], scores[1] if len(scores) > 1 else (0, "")
-        if best[0] > 0 and best[0] > second[0] and best[0] * 2 >= len(significant):
-            return "item", best[1]
-    return "unclear", None
-
-
-def understood(options: list[str], plan: m.Plan) -> str:
-    ids = plan.item_ids()
-    span = f"{ids[0]}-{ids[-1]}" if ids else "none"
-    nums = f"an option's number (1-{len(options)}), " if options else ""
-    return (
-        f"I understand {nums}a plan item's id ({span}) or words of its title to test that item next, "
-        "'continue' to go on, or 'stop' to write the final summary and end."
-    )
 
 
 class Autopilot:
@@ -171,7 +87,7 @@ class Autopilot:
         method = Method.read(store, s.id)
         plan = method.plan
         ledger = reports.Ledger.read(store, s.id)
-        decision = self.decision(method, ledger)
+        decision = method.decision()
 
         # 1. the todo list
         todos = self.todos(method, ledger, decision)
@@ -231,84 +147,14 @@ class Autopilot:
             return self.pivot(method, ledger, decision, kind=due, last=last)
 
         # 8. the next item
-        item = self.next_item(method, ledger, decision)
+        item = method.next_item(decision)
         if item is not None:
             return self.work_on(method, item, last)
 
         # 9. nothing left: the final summary, once, then the end
         return self.finish(method, ledger, decision, last)
 
-    # ---- answers
-
-    def decision(self, method: Method, ledger: reports.Ledger) -> Decision:
-        plan = method.plan
-        tiers = sorted({it.tier for it in plan.items})
-        d = Decision(released={tiers[0]} if tiers else set(), requested=[])
-        for p in ledger.pivots:
-            if p.answer is None:
-                continue
-            meaning, item_id = interpret(p.answer, p.options, plan)
-            d.unclear = None
-            if meaning == "stop":
-                d.stopped_at = p.answered_at or p.asked_at
-                break
-            if meaning == "item" and item_id is not None and plan.item(item_id).kind == "code":
-                d.unclear = p
-                d.why_unclear = (
-                    f"Item {item_id} is a code change for you to make (its improvement document says what); "
-                    "pivot has nothing to run for it."
-                )
-            elif meaning == "item" and item_id is not None:
-                d.requested.append((item_id, p.answered_at or p.asked_at))
-            elif meaning == "continue":
-                if not any(not self._done(method, it, before=p.asked_at) for it in plan.items if it.tier in d.released):
-                    later = [t for t in tiers if t not in d.released]
-                    if later:
-                        d.released.add(later[0])
-            else:
-                d.unclear = p
-                d.why_unclear = f"I did not understand {p.answer!r}."
-        return d
-
     # ---- item state
-
-    def _final(
-        self, method: Method, item: m.PlanItem, since: datetime | None = None, before: datetime | None = None
-    ) -> list[m.Experiment]:
-        """The item's experiments with a verdict (a baseline of its own workload does not settle it)."""
-        out = []
-        for e in method.experiments:
-            if e.plan_item != item.id or e.verdict is None or e.kind == "baseline":
-                continue
-            if since is not None and e.created_at <= since:
-                continue
-            if before is not None and (e.finished_at or e.created_at) > before:
-                continue
-            out.append(e)
-        return out
-
-    def _done(
-        self, method: Method, item: m.PlanItem, since: datetime | None = None, before: datetime | None = None
-    ) -> bool:
-        if item.kind == "code":
-            return True  # documented for the user: there is nothing to run
-        if item.kind == "workload" and item.flags is None and not item.remove_flags:
-            base = method.baseline(item.workload_for(method.plan.workload))
-            return base is not None and base.verdict is not None
-        return bool(self._final(method, item, since, before))
-
-    def next_item(self, method: Method, ledger: reports.Ledger, d: Decision) -> m.PlanItem | None:
-        if d.stopped_at is not None:
-            return None
-        plan = method.plan
-        for item_id, since in d.requested:
-            item = plan.item(item_id)
-            if item.kind != "code" and not self._done(method, item, since=since):
-                return item
-        for item in plan.items:
-            if item.tier in d.released and not self._done(method, item):
-                return item
-        return None
 
     def _profiled(self, e: m.Experiment) -> bool:
         findings = self.session.store.findings(self.session.id, experiment_id=e.id, kind="evidence")
@@ -446,7 +292,7 @@ class Autopilot:
             if e.verdict == "adopted":
                 break
             run += 1
-        if self.next_item(method, ledger, d) is None:
+        if method.next_item(d) is None:
             return "tier" if since else None
         if run >= method.settings.stall_after:
             return "stall"
@@ -464,7 +310,7 @@ class Autopilot:
                 gain = f", {(jb.after_tok_s - jbase.after_tok_s) / jbase.after_tok_s * 100:+.1f}% over the baseline"
             headline = f"Best so far: {jb.after_tok_s:,.0f} output tok/s at concurrency {jb.concurrency} (experiment {best.id}{gain})."
         later = sorted({it.tier for it in plan.items if it.tier not in d.released})
-        undone = [it for it in plan.items if it.tier in d.released and not self._done(method, it)]
+        undone = [it for it in plan.items if it.tier in d.released and not method.done(it)]
         options: list[str] = []
         if undone:
             rest = ", ".join(f"{it.id} {it.title}" for it in undone[:4])
@@ -479,12 +325,12 @@ class Autopilot:
         ranked = [
             it
             for it, _ in reports.next_steps(ledger)
-            if it.kind != "code" and not self._done(method, it) and not (undone and it.id == undone[0].id)
+            if it.kind != "code" and not method.done(it) and not (undone and it.id == undone[0].id)
         ]
         for it in ranked[:2]:
             options.append(f"{it.id} {it.title}: test it next ({it.expected_impact.strip().rstrip('.')})")
         options.append("stop: write the final summary and end the campaign")
-        tiers_done = sorted(t for t in d.released if all(self._done(method, it) for it in plan.tier_items(t)))
+        tiers_done = sorted(t for t in d.released if all(method.done(it) for it in plan.tier_items(t)))
         since = self._since(method, self._last_pivot_at(ledger))
         if kind == "crash":
             e = next(e for e in reversed(since) if e.verdict == "crashed")
@@ -582,7 +428,7 @@ class Autopilot:
         plan = method.plan
         base = method.baseline()
         docs = {x.plan_item for x in ledger.documents if x.kind == "improvement"}
-        current = self.next_item(method, ledger, d)
+        current = method.next_item(d)
         out = [
             m.Todo(
                 content=f"Write the improvement documents {plan.items[0].id}-{plan.items[-1].id}",
@@ -601,12 +447,12 @@ class Autopilot:
         elif out[1].status != "completed":
             out[1].status = "in_progress"
         for it in plan.items:
-            done = self._done(method, it)
+            done = method.done(it)
             if it.kind == "code":
                 status: m.TodoStatus = "completed" if it.id in docs else "pending"
                 content = f"{it.id} {it.title} (a code change for you: documented)"
             else:
-                final = self._final(method, it)
+                final = method.final(it)
                 status = (
                     "completed"
                     if done

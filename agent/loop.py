@@ -322,15 +322,8 @@ async def run_async(
 
 
 def campaign_finished(session: Session) -> bool:
-    """Whether the autopilot's reading of the ledger has nothing left to do (every released item done or a stop)."""
-    from agent import reports
-    from agent.autopilot import Autopilot
-
-    pilot = Autopilot(session)
-    method = Method.read(session.store, session.id)
-    ledger = reports.Ledger.read(session.store, session.id)
-    decision = pilot.decision(method, ledger)
-    return decision.stopped_at is not None or pilot.next_item(method, ledger, decision) is None
+    """Whether the method's reading of the ledger has nothing left to do (every released item done or a stop)."""
+    return Method.read(session.store, session.id).finished()
 
 
 def _emit(session: Session, event: Any) -> None:

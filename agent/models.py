@@ -637,6 +637,11 @@ class Experiment(_Model):
     id: int | None = None
     session_id: str | None = None
     plan_item: str | None = Field(default=None, description="The plan item tested; None for a baseline.")
+    plan_items: list[str] = Field(
+        default_factory=list,
+        description="Every plan item this experiment combines, in order (a combined step names them all); "
+        "`plan_item` is the first. Empty for a baseline of the plan's workload.",
+    )
     kind: ExperimentKind = "change"
     title: str = ""
     hypothesis: str = ""
@@ -658,6 +663,19 @@ class Experiment(_Model):
     created_at: datetime = Field(default_factory=utcnow)
     started_at: datetime | None = None
     finished_at: datetime | None = None
+
+    @model_validator(mode="after")
+    def _items_agree(self) -> Experiment:
+        if self.plan_item is not None and not self.plan_items:
+            self.plan_items = [self.plan_item]
+        elif self.plan_items and self.plan_item is None:
+            self.plan_item = self.plan_items[0]
+        return self
+
+    @property
+    def combined(self) -> bool:
+        """True when the experiment tests several plan items together as one step."""
+        return len(self.plan_items) > 1
 
 
 class Document(_Model):

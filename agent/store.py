@@ -325,6 +325,11 @@ def _m006_session_settings(db: Database) -> None:
     db["experiments"].add_column("failure_detail", str)
 
 
+def _m007_combined_items(db: Database) -> None:
+    """Every plan item an experiment combines (a combined step of the search names them all)."""
+    db["experiments"].add_column("plan_items_json", str)
+
+
 def _m009_truth(db: Database) -> None:
     """The flags of an experiment's config its engine does not model (a simulated engine's), kept so a verdict
     never calls an unmodelled change measured."""
@@ -345,6 +350,7 @@ MIGRATIONS: list[Migration] = [
     ("004_analysis", _m004_analysis),
     ("005_telemetry_tokens", _m005_telemetry_tokens),
     ("006_session_settings", _m006_session_settings),
+    ("007_combined_items", _m007_combined_items),
     ("009_truth", _m009_truth),
 ]
 
@@ -794,6 +800,7 @@ class Store:
         return {
             "session_id": e.session_id,
             "plan_item": e.plan_item,
+            "plan_items_json": json.dumps(e.plan_items),
             "kind": e.kind,
             "title": e.title,
             "hypothesis": e.hypothesis,
@@ -820,6 +827,7 @@ class Store:
             id=row["id"],
             session_id=row["session_id"],
             plan_item=row["plan_item"],
+            plan_items=json.loads(row.get("plan_items_json") or "[]"),
             kind=row["kind"],
             title=row["title"] or "",
             hypothesis=row["hypothesis"] or "",

@@ -19,12 +19,11 @@ import pytest
 
 from agent import loop, reports
 from agent import models as m
-from agent.autopilot import interpret
 from agent.plans import load_plan, parse_plan
 from agent.session import Paths, Session
 from agent.store import Store
 from tools.engines.sim.twin import Twin
-from tools.method import Method
+from tools.method import Method, interpret
 
 PIVOT = [sys.executable, "-m", "agent.cli"]
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,7 +16,9 @@ one module, so an LLM and the built-in policy are held to the same rules:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -51,6 +53,93 @@ class Judgement(BaseModel):
     text: str = Field(description="The comparison in one sentence, with its numbers: usable as a verdict's reason.")
 
 
+# ---- answers at pivots: what the user's words mean, and which tiers and items they release
+
+STOP_WORDS = {
+    "the",
+    "a",
+    "an",
+    "of",
+    "and",
+    "or",
+    "to",
+    "on",
+    "in",
+    "for",
+    "with",
+    "at",
+    "by",
+    "try",
+    "run",
+    "test",
+    "please",
+    "item",
+    "do",
+    "it",
+    "go",
+    "next",
+    "then",
+    "i",
+    "want",
+    "lets",
+    "let's",
+    "us",
+}
+CONTINUE_WORDS = ("continue", "go on", "proceed", "next tier", "yes", "carry on", "keep going")
+STOP_ANSWERS = ("stop", "finish", "done", "enough", "end", "quit")
+
+
+@dataclass
+class Decision:
+    """What the answers given so far decide: the tiers released, the items asked for, whether to stop."""
+
+    released: set[int]
+    requested: list[tuple[str, datetime]] = field(default_factory=list)  # (item id, asked since)
+    stopped_at: datetime | None = None
+    unclear: m.Pivot | None = None  # the last answer, when it was not understood (or cannot be done)
+    why_unclear: str = ""
+
+
+def interpret(answer: str, options: list[str], plan: m.Plan) -> tuple[str, str | None]:
+    """An answer's meaning: ("continue", None), ("stop", None), ("item", id) or ("unclear", None)."""
+    text = answer.strip()
+    low = text.lower()
+    if re.fullmatch(r"\d+", text) and options and 1 <= int(text) <= len(options) and text not in plan.item_ids():
+        return interpret(options[int(text) - 1], [], plan)
+    if re.fullmatch(r"\d+", text) and text in plan.item_ids():
+        return "item", text
+    words = re.findall(r"[a-z0-9+.-]+", low)
+    if words and words[0] in STOP_ANSWERS:
+        return "stop", None
+    if any(low.startswith(w) for w in CONTINUE_WORDS):
+        return "continue", None
+    ids = [w for w in re.findall(r"\b\d{2,3}\b", low) if w in plan.item_ids()]
+    if ids:
+        return "item", ids[0]
+    significant = [w for w in words if w not in STOP_WORDS and len(w) > 1]
+    if significant:
+        scores = []
+        for item in plan.items:
+            title = set(re.findall(r"[a-z0-9+.-]+", item.title.lower()))
+            hit = sum(w in title for w in significant)
+            scores.append((hit, item.id))
+        scores.sort(reverse=True)
+        best, second = scores[0], scores[1] if len(scores) > 1 else (0, "")
+        if best[0] > 0 and best[0] > second[0] and best[0] * 2 >= len(significant):
+            return "item", best[1]
+    return "unclear", None
+
+
+def understood(options: list[str], plan: m.Plan) -> str:
+    ids = plan.item_ids()
+    span = f"{ids[0]}-{ids[-1]}" if ids else "none"
+    nums = f"an option's number (1-{len(options)}), " if options else ""
+    return (
+        f"I understand {nums}a plan item's id ({span}) or words of its title to test that item next, "
+        "'continue' to go on, or 'stop' to write the final summary and end."
+    )
+
+
 def _n(x: float) -> str:
     return f"{x:,.0f}"
 
@@ -75,13 +164,14 @@ class Method:
     record: m.Session
     experiments: list[m.Experiment]
     runs: dict[int, list[m.BenchResult]]
+    pivots: list[m.Pivot] = field(default_factory=list)
 
     @classmethod
     def read(cls, store: Store, session_id: str) -> Method:
         record = store.get_session(session_id)
         experiments = store.experiments(session_id)
         runs = {e.id or 0: store.bench_results(e.id or 0) for e in experiments}
-        return cls(store, record, experiments, runs)
+        return cls(store, record, experiments, runs, store.pivots(session_id))
 
     @property
     def settings(self) -> m.SessionSettings:
@@ -155,6 +245,85 @@ class Method:
     def best_config(self) -> m.ServerConfig:
         best = self.best()
         return best.config if best is not None else self.plan.target.base_config()
+
+    # ---- tiers, answers and items
+
+    def decision(self) -> Decision:
+        """What the answers at the pivots decide, read in order: the tiers released, the items asked for, a stop."""
+        plan = self.plan
+        tiers = sorted({it.tier for it in plan.items})
+        d = Decision(released={tiers[0]} if tiers else set(), requested=[])
+        for p in self.pivots:
+            if p.answer is None:
+                continue
+            meaning, item_id = interpret(p.answer, p.options, plan)
+            d.unclear = None
+            if meaning == "stop":
+                d.stopped_at = p.answered_at or p.asked_at
+                break
+            if meaning == "item" and item_id is not None and plan.item(item_id).kind == "code":
+                d.unclear = p
+                d.why_unclear = (
+                    f"Item {item_id} is a code change for you to make (its improvement document says what); "
+                    "pivot has nothing to run for it."
+                )
+            elif meaning == "item" and item_id is not None:
+                d.requested.append((item_id, p.answered_at or p.asked_at))
+            elif meaning == "continue":
+                if not any(not self.done(it, before=p.asked_at) for it in plan.items if it.tier in d.released):
+                    later = [t for t in tiers if t not in d.released]
+                    if later:
+                        d.released.add(later[0])
+            else:
+                d.unclear = p
+                d.why_unclear = f"I did not understand {p.answer!r}."
+        return d
+
+    def final(
+        self, item: m.PlanItem, since: datetime | None = None, before: datetime | None = None
+    ) -> list[m.Experiment]:
+        """The item's experiments with a verdict (a baseline of its own workload does not settle it)."""
+        out = []
+        for e in self.experiments:
+            if e.plan_item != item.id or e.verdict is None or e.kind == "baseline":
+                continue
+            if since is not None and e.created_at <= since:
+                continue
+            if before is not None and (e.finished_at or e.created_at) > before:
+                continue
+            out.append(e)
+        return out
+
+    def done(self, item: m.PlanItem, since: datetime | None = None, before: datetime | None = None) -> bool:
+        """Whether the item needs no more work: a verdict recorded (after `since`, before `before`), a code item
+        (documented for the user), or a workload item whose baseline is judged."""
+        if item.kind == "code":
+            return True  # documented for the user: there is nothing to run
+        if item.kind == "workload" and item.flags is None and not item.remove_flags:
+            base = self.baseline(item.workload_for(self.plan.workload))
+            return base is not None and base.verdict is not None
+        return bool(self.final(item, since, before))
+
+    def next_item(self, d: Decision | None = None) -> m.PlanItem | None:
+        """The next item to work on: one the user asked for, else the first undone item of a released tier."""
+        d = d or self.decision()
+        if d.stopped_at is not None:
+            return None
+        plan = self.plan
+        for item_id, since in d.requested:
+            item = plan.item(item_id)
+            if item.kind != "code" and not self.done(item, since=since):
+                return item
+        for item in plan.items:
+            if item.tier in d.released and not self.done(item):
+                return item
+        return None
+
+    def finished(self) -> bool:
+        """Whether the campaign has nothing left to do by the method: a stop was answered, or every item of the
+        released tiers is done. The same reading for every model."""
+        d = self.decision()
+        return d.stopped_at is not None or self.next_item(d) is None
 
     # ---- judging
 

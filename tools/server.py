@@ -65,12 +65,17 @@ class ServerState(BaseModel):
 
 
 def proposed_config(
-    method: Method, plan_item: str | None, flags: str | None, remove_flags: list[str] | None
+    method: Method,
+    plan_item: str | None,
+    flags: str | None,
+    remove_flags: list[str] | None,
+    plan_items: list[str] | None = None,
 ) -> m.ServerConfig:
-    """The config a plan item (and/or extra flags) proposes on top of the best config so far."""
+    """The config a plan item (or several, combined in plan order as given), and/or extra flags, proposes on top of
+    the best config so far."""
     config = method.best_config()
-    if plan_item is not None:
-        config = _item(method.plan, plan_item).apply(config)
+    for item_id in step_items(plan_item, plan_items):
+        config = _item(method.plan, item_id).apply(config)
     if remove_flags:
         config = config.without(*remove_flags)
     if flags:
@@ -79,6 +84,17 @@ def proposed_config(
         except PivotError as e:
             raise ModelRetry(f"cannot parse flags {flags!r}: {e.message}") from e
     return config
+
+
+def step_items(plan_item: str | None, plan_items: list[str] | None) -> list[str]:
+    """The items a step names: `plan_items` (a combined step), else `plan_item` alone; no item twice."""
+    out: list[str] = []
+    for item_id in [*(plan_items or []), *([plan_item] if plan_item is not None and not plan_items else [])]:
+        if item_id not in out:
+            out.append(item_id)
+    if plan_item is not None and plan_items and plan_item not in plan_items:
+        raise ModelRetry(f"plan_item {plan_item!r} is not among plan_items {plan_items}: give one or the other")
+    return out
 
 
 def _item(plan: m.Plan, item_id: str) -> m.PlanItem:
@@ -131,17 +147,18 @@ def audit_flags(
     plan_item: str | None = None,
     flags: str | None = None,
     remove_flags: list[str] | None = None,
+    plan_items: list[str] | None = None,
 ) -> FlagAudit:
     """Check a command line with the engine's own parser before spending GPU time on it.
 
-    The command line audited is the best configuration so far, changed by `plan_item` (its flags), then by
-    `remove_flags` and `flags` (extra flags, SGLang spelling, e.g. "--chunked-prefill-size 16384"). With none of
-    them, the best configuration itself. `would_start` false means the server would refuse to start: rule the
+    The command line audited is the best configuration so far, changed by `plan_item` (its flags) or by every item
+    of `plan_items` (a combined step), then by `remove_flags` and `flags` (extra flags, SGLang spelling, e.g.
+    "--chunked-prefill-size 16384"). With none of them, the best configuration itself. `would_start` false means the server would refuse to start: rule the
     item out (record_verdict with plan_item and verdict ruled_out) instead of launching. `noop_flags` are accepted
     but do nothing in this engine version: say so in the verdict.
     """
     method = Method.read(ctx.deps.store, ctx.deps.id)
-    config = proposed_config(method, plan_item, flags, remove_flags)
+    config = proposed_config(method, plan_item, flags, remove_flags, plan_items)
     issues = audit_issues(ctx.deps, config)
     shown = [i for i in issues if i.status != "ok"]
     audit = FlagAudit(
@@ -155,13 +172,13 @@ def audit_flags(
 
 
 def _reusable(
-    method: Method, plan_item: str | None, kind: str, config: m.ServerConfig, workload: m.BenchSpec
+    method: Method, items: list[str], kind: str, config: m.ServerConfig, workload: m.BenchSpec
 ) -> m.Experiment | None:
-    """An experiment of the same item, kind, config and workload that never finished (interrupted by a kill):
+    """An experiment of the same items, kind, config and workload that never finished (interrupted by a kill):
     relaunched in place, so a resumed campaign runs no experiment twice."""
     for e in reversed(method.experiments):
         if (
-            e.plan_item == plan_item
+            e.plan_items == items
             and e.kind == kind
             and e.status in ("planned", "running", "interrupted")
             and e.config == config
@@ -181,6 +198,7 @@ def launch_server(
     baseline: bool = False,
     experiment_id: int | None = None,
     hypothesis: str = "",
+    plan_items: list[str] | None = None,
 ) -> LaunchResult:
     """Record an experiment and start its server; returns when the server is ready (or why it is not).
 
@@ -188,6 +206,8 @@ def launch_server(
       gets its own baseline: baseline=True with that plan_item).
     - plan_item="05": that item's change on top of the best configuration so far (one change at a time), on the
       item's workload. `flags`/`remove_flags` adjust further (SGLang spelling).
+    - plan_items=["05", "06"]: a combined step, the named items' changes together as one experiment (for items
+      that pay off only together); every item is named in the ledger and the reports.
     - experiment_id=N: relaunch experiment N's exact configuration, to rerun its benchmark (a rerun adds a run to
       the same experiment; use it when a gain is inside the noise).
     The flags are audited first: flags the engine would refuse are not launched (status "refused"). A server that
@@ -207,6 +227,8 @@ def launch_server(
         if e.status == "failed" and method.run_count(e) == 0:
             raise ModelRetry(f"experiment {experiment_id} never started ({e.failure}); there is nothing to rerun")
     else:
+        items = step_items(plan_item, plan_items)
+        plan_item = items[0] if items else None
         item = _item(method.plan, plan_item) if plan_item is not None else None
         workload = item.workload_for(method.plan.workload) if item is not None else method.plan.workload
         if baseline:
@@ -224,17 +246,21 @@ def launch_server(
                     "measure the baseline on this workload first (launch_server with baseline=True"
                     + (f" and plan_item={plan_item!r})" if item is not None and item.workload else ")")
                 )
-            config = proposed_config(method, plan_item, flags, remove_flags)
+            config = proposed_config(method, None, flags, remove_flags, items)
             kind = "change"
             best = method.best(workload)
             base_id = best.id if best is not None else None
-            title = item.title if item is not None else f"flags {flags or ''}".strip()
-        e = _reusable(method, plan_item, kind, config, workload)
+            if len(items) > 1:
+                title = " + ".join(f"{i} {_item(method.plan, i).title}" for i in items)
+            else:
+                title = item.title if item is not None else f"flags {flags or ''}".strip()
+        e = _reusable(method, items, kind, config, workload)
         if e is None:
             e = store.add_experiment(
                 session.id,
                 m.Experiment(
                     plan_item=plan_item,
+                    plan_items=items,
                     kind=kind,
                     title=title,
                     hypothesis=hypothesis or (item.hypothesis if item is not None else ""),
