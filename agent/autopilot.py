@@ -38,7 +38,8 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from agent import models as m
 from agent import reports
 from agent.session import Session
-from tools.method import Decision, Method, baseline_runs_needed, understood
+from tools.method import Decision, Method, baseline_runs_needed, not_measured_text, understood
+from tools.server import unmeasurable_item
 
 PROMISING_FACTOR = 2.0  # a plan item is promising when it expects at least this times the noise floor
 
@@ -192,6 +193,13 @@ class Autopilot:
             return Call("launch_server", {"baseline": True, "plan_item": item.id})
         if item.kind == "profile":
             return Call("launch_server", {"plan_item": item.id, "hypothesis": item.hypothesis})
+        unmeasurable = unmeasurable_item(self.session, method, item.id)
+        if unmeasurable is not None:  # a simulated engine that models none of the flags: no launch spent on it
+            flags = method.unmodelled_change(unmeasurable)[1]
+            return Call(
+                "record_verdict",
+                {"plan_item": item.id, "verdict": "not_measured", "reason": not_measured_text(flags)},
+            )
         return self.audited(last, item.id, Call("launch_server", {"plan_item": item.id}))
 
     def judge(self, method: Method, e: m.Experiment) -> Call | None:

@@ -1,11 +1,16 @@
 """Charts for status summaries as PNG bytes (matplotlib, Agg backend); agent/reports.py writes them beside the HTML.
 
-Each series is one experiment's sweep: concurrency on a log2 axis, one point per level that completed requests.
+Each series is one experiment's sweep: concurrency on a log2 axis (labelled as such), one point per level that
+completed requests. A reader tells them apart at a glance: every series has its own marker and colour and is
+labelled where its line ends (#id), the legend below the plot gives each label whole, the baseline's noise band
+is shaded (a change inside it is no change), and a level where requests failed is marked with a cross and the
+word "crashed".
 """
 
 from __future__ import annotations
 
 import io
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -25,17 +30,20 @@ class Series:
     points: dict[int, float]
     role: str = "tried"  # baseline | best | tried
     extra: dict[str, float] = field(default_factory=dict)
+    crashes: dict[int, str] = field(default_factory=dict)  # concurrency -> why requests failed there
+    tag: str = ""  # the short label written where the line ends, e.g. "#3"
 
 
 _STYLE = {
     "baseline": {"color": "#444444", "linestyle": "--", "linewidth": 2.0, "marker": "s", "zorder": 3},
     "best": {"color": "#d62728", "linestyle": "-", "linewidth": 2.6, "marker": "o", "zorder": 4},
-    "tried": {"linestyle": "-", "linewidth": 1.1, "marker": ".", "alpha": 0.75, "zorder": 2},
+    "tried": {"linestyle": "-", "linewidth": 1.3, "alpha": 0.85, "zorder": 2, "markersize": 7},
 }
 
-
-# tab10 without its red and grey, which the best and the baseline use
+# tab10 without its red and grey, which the best and the baseline use; a marker of its own for each tried series
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
+_MARKERS = ("^", "v", "D", "P", "<", ">", "*", "h", "p", "d")  # "X" marks a crash
+_LABEL_WIDTH = 95
 
 
 def _png(fig) -> bytes:
@@ -50,56 +58,148 @@ def _levels_axis(ax, levels: Sequence[int]) -> None:
     ax.xaxis.set_major_locator(FixedLocator(sorted(levels)))
     ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xticklabels([str(c) for c in sorted(levels)])
-    ax.set_xlabel("concurrency (max_concurrency)")
+    ax.set_xlabel("concurrency (max_concurrency; log scale, base 2)")
     ax.grid(True, which="major", alpha=0.3)
 
 
-def line_chart(series: Sequence[Series], *, title: str, ylabel: str, note: str = "") -> bytes:
-    """Value against concurrency, one line per experiment; the baseline dashed, the best thick and red."""
-    fig, ax = plt.subplots(figsize=(8.2, 4.6))
+def _wrap(label: str) -> str:
+    return "\n".join(textwrap.wrap(label, _LABEL_WIDTH, subsequent_indent="    ")) or label
+
+
+def _legend(fig, ax, note: str) -> None:
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(
+            handles,
+            [_wrap(x) for x in labels],
+            fontsize=8,
+            loc="upper left",
+            bbox_to_anchor=(0.0, -0.16),
+            frameon=False,
+            ncol=1,
+        )
+    if note:
+        ax.set_title(note, loc="right", fontsize=8, color="#666666")
+
+
+def line_chart(
+    series: Sequence[Series],
+    *,
+    title: str,
+    ylabel: str,
+    note: str = "",
+    band: tuple[dict[int, float], float] | None = None,
+) -> bytes:
+    """Value against concurrency, one line per experiment; the baseline dashed, the best thick and red.
+
+    `band`: (the baseline's points, the noise band in %): shaded as baseline x (1 +- band), the range a change must
+    leave to count. Levels in a series' `crashes` get a cross at the height of its last point before them."""
+    return _png(line_figure(series, title=title, ylabel=ylabel, note=note, band=band))
+
+
+def line_figure(
+    series: Sequence[Series],
+    *,
+    title: str,
+    ylabel: str,
+    note: str = "",
+    band: tuple[dict[int, float], float] | None = None,
+):
+    """The figure `line_chart` renders (tests read it)."""
+    fig, ax = plt.subplots(figsize=(9.0, 5.0))
     levels: set[int] = set()
+    top = 0.0
+    if band is not None and band[0]:
+        base, pct = band
+        xs = sorted(base)
+        lo = [base[x] * (1 - pct / 100) for x in xs]
+        hi = [base[x] * (1 + pct / 100) for x in xs]
+        ax.fill_between(xs, lo, hi, color="#888888", alpha=0.3, linewidth=0, zorder=1,
+                        label=f"noise band around the baseline: +-{pct:.1f}% (a change inside it is no change)")  # fmt: skip
+        levels.update(xs)
+        top = max(top, *hi)
     tried = 0
+    tags: list[tuple[float, float, str, str]] = []
     for s in sorted(series, key=lambda s: {"best": 0, "baseline": 1, "tried": 2}[s.role]):
-        if not s.points:
+        if not s.points and not s.crashes:
             continue
         xs = sorted(s.points)
         levels.update(xs)
+        levels.update(s.crashes)
         style = dict(_STYLE[s.role])
         if s.role == "tried":
             style["color"] = _PALETTE[tried % len(_PALETTE)]
+            style["marker"] = _MARKERS[tried % len(_MARKERS)]
             tried += 1
-        ax.plot(xs, [s.points[x] for x in xs], label=s.label, **style)
+        ys = [s.points[x] for x in xs]
+        if xs:
+            ax.plot(xs, ys, label=s.label, **style)
+            top = max(top, *ys)
+            if s.tag and not s.crashes:
+                tags.append((xs[-1], ys[-1], s.tag, style["color"]))
+        if s.crashes:
+            failed = sorted(s.crashes)
+            before = [x for x in xs if x < failed[0]]
+            y = s.points[before[-1]] if before else 0.0
+            ax.plot(failed, [y] * len(failed), marker="X", markersize=13, color=style["color"],
+                    markeredgecolor="black", zorder=6, linestyle=":", linewidth=1.2)  # fmt: skip
+            if before:
+                ax.plot([before[-1], failed[0]], [y, y], linestyle=":", color=style["color"], linewidth=1.2)
+            why = sorted(set(s.crashes.values()))
+            words = f"{s.tag + ' ' if s.tag else ''}crashed at {', '.join(map(str, failed))}"
+            ax.annotate(words + (f" ({', '.join(why)})" if why else ""), (failed[-1], y), xytext=(10, -22),
+                        textcoords="offset points", fontsize=8, color="#b00000", ha="right", zorder=7,
+                        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85})  # fmt: skip
     if levels:
         _levels_axis(ax, sorted(levels))
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=11)
-    ax.set_ylim(bottom=0)
-    if note:
-        fig.text(0.01, -0.02, note, fontsize=8, color="#666666")
-    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
-    return _png(fig)
+    ax.set_title(title, fontsize=11, loc="left")
+    ax.set_ylim(bottom=0, top=max(top * 1.1, 1.0))
+    _place_tags(fig, ax, tags)
+    _legend(fig, ax, note)
+    return fig
+
+
+def _place_tags(fig, ax, tags: list[tuple[float, float, str, str]]) -> None:
+    """Write each series' tag right of its last point, moved apart vertically so that none covers another."""
+    if not tags:
+        return
+    to_px = ax.transData.transform  # valid before drawing: the axes' place and limits are set
+    placed: list[tuple[float, float, str, str, float]] = []
+    gap = 11.0  # pixels between two tags at the same level
+    for x, y, text, color in sorted(tags, key=lambda t: (t[0], t[1])):
+        px, py = to_px((x, y))
+        shift = 0.0
+        for qx, qy, *_ in placed:
+            if abs(qx - px) < 30 and abs((py + shift) - qy) < gap:
+                shift = qy + gap - py
+        placed.append((px, py + shift, text, color, shift))
+        points = shift * 72.0 / fig.dpi
+        ax.annotate(text, (x, y), xytext=(6, points), textcoords="offset points", fontsize=8, color=color,
+                    va="center", fontweight="bold")  # fmt: skip
 
 
 def power_chart(series: Sequence[Series], *, title: str, limit_w: float | None, note: str = "") -> bytes:
     """Mean power per GPU at each level, grouped bars per experiment, with the power limit as a line."""
-    fig, ax = plt.subplots(figsize=(8.2, 4.6))
+    fig, ax = plt.subplots(figsize=(9.0, 5.0))
     shown = [s for s in series if s.points]
     levels = sorted({c for s in shown for c in s.points})
     width = 0.8 / max(len(shown), 1)
     for i, s in enumerate(shown):
         color = {"baseline": "#444444", "best": "#d62728"}.get(s.role, _PALETTE[i % len(_PALETTE)])
+        hatch = {"baseline": "//"}.get(s.role)
         xs = [levels.index(c) + (i - (len(shown) - 1) / 2) * width for c in levels if c in s.points]
-        ax.bar(xs, [s.points[c] for c in levels if c in s.points], width=width * 0.95, label=s.label, color=color)
+        bars = ax.bar(xs, [s.points[c] for c in levels if c in s.points], width=width * 0.95, label=s.label,
+                      color=color, hatch=hatch, edgecolor="white")  # fmt: skip
+        ax.bar_label(bars, labels=[f"{s.points[c]:,.0f} W" for c in levels if c in s.points], fontsize=7, padding=2)
     if limit_w:
         ax.axhline(limit_w, color="#1f77b4", linestyle=":", linewidth=1.5, label=f"power limit {limit_w:,.0f} W")
     ax.set_xticks(range(len(levels)))
     ax.set_xticklabels([str(c) for c in levels])
-    ax.set_xlabel("concurrency (max_concurrency)")
+    ax.set_xlabel("concurrency (max_concurrency; one group of bars per level)")
     ax.set_ylabel("mean power per GPU (W)")
-    ax.set_title(title, fontsize=11)
-    ax.set_ylim(0, max(limit_w or 0, *(v for s in shown for v in s.points.values()), 1) * 1.1)
+    ax.set_title(title, fontsize=11, loc="left")
+    ax.set_ylim(0, max(limit_w or 0, *(v for s in shown for v in s.points.values()), 1) * 1.12)
     ax.grid(True, axis="y", alpha=0.3)
-    if note:
-        fig.text(0.01, -0.02, note, fontsize=8, color="#666666")
-    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    _legend(fig, ax, note)
     return _png(fig)

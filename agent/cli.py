@@ -112,15 +112,6 @@ def unlock(home: Home, session_ref: str, force: bool) -> None:
     out.print(f"session {session.id}: " + (f"lock of pid {pid} cleared" if pid else "was not locked"))
 
 
-def _best_output(results: list[m.BenchResult]) -> tuple[float | None, int | None]:
-    best: tuple[float | None, int | None] = (None, None)
-    for result in results:
-        for level in result.levels:
-            if best[0] is None or level.output_throughput > best[0]:
-                best = (level.output_throughput, level.max_concurrency)
-    return best
-
-
 @cli.command()
 @click.argument("session_ref", metavar="SESSION")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
@@ -140,6 +131,16 @@ def show(home: Home, session_ref: str, as_json: bool) -> None:
         base = by_id[e.base_experiment_id].config if e.base_experiment_id in by_id else base_config
         return str(e.config.diff(base))
 
+    from agent.reports import Ledger
+
+    ledger = Ledger.read(store, session.id)
+
+    def figure(e: m.Experiment) -> dict[str, float | int] | None:
+        found = ledger.figure(e)
+        if found is None:
+            return None
+        return {"output_tok_s": found[0], "max_concurrency": found[1], "runs": found[2]}
+
     if as_json:
         print_json(
             {
@@ -150,12 +151,14 @@ def show(home: Home, session_ref: str, as_json: bool) -> None:
                     {
                         **dump(e),
                         "change": change(e),
+                        "figure": figure(e),
                         "results": [dump(r) for r in store.bench_results(e.id or 0)],
                         "telemetry": [dump(t) for t in store.telemetry(e.id or 0)],
                     }
                     for e in experiments
                 ],
                 "pivots": [dump(p) for p in pivots],
+                "plan_changes": [dump(c) for c in store.plan_changes(session.id)],
                 "documents": [dump(d) for d in documents],
                 "usage": [dump(u) for u in store.usage(session.id)],
             }
@@ -186,16 +189,23 @@ def show(home: Home, session_ref: str, as_json: bool) -> None:
 
     out.print("\n[bold]Experiments[/]", markup=True)
     if experiments:
-        table = make_table("id", "item", "kind", "change", "status", "best out tok/s", "verdict", "reason")
+        table = make_table("id", "item", "kind", "change", "status", "out tok/s (mean of runs)", "verdict", "reason")
         for e in experiments:
-            best, at = _best_output(store.bench_results(e.id or 0))
-            best_text = f"{best:,.0f} @ {at}" if best is not None else ""
+            best_text = ledger.figure_text(e)
             table.add_row(
                 str(e.id), e.plan_item or "", e.kind, change(e), e.status, best_text, e.verdict or "", e.reason or ""
             )
         out.print(table)
     else:
         out.print("  (none)")
+
+    changes = store.plan_changes(session.id)
+    if changes:
+        out.print("\n[bold]Plan changes[/]", markup=True)
+        for c in changes:
+            out.print(f"  {_when(c.at)} from {c.source or '(no file)'}:", highlight=False)
+            for line in c.changes:
+                out.print(f"     {line}", highlight=False)
 
     out.print("\n[bold]Pivots[/]", markup=True)
     if pivots:
@@ -272,13 +282,28 @@ def plan() -> None:
 @click.argument("plan_ref", metavar="FILE")
 @click.option("--json", "as_json", is_flag=True, help="Print the validated plan as JSON on stdout.")
 def plan_check(plan_ref: str, as_json: bool) -> None:
-    """Validate a plan file (or a shipped plan by name) and summarize it."""
+    """Validate a plan file (or a shipped plan by name), check everything knowable before a launch, summarize it.
+
+    Checked: the model and hardware profiles exist; the base flags and every item's flags pass SGLang's audit
+    (unknown, removed, ambiguous or invalid: error; no-op or deprecated: warning); the plan checks (physics and
+    direction of each item's claims). Exit 1 when there is an error.
+    """
+    from tools.preflight import preflight
+
     p = load_plan(plan_ref)
+    problems = preflight(p)
+    errors = [x for x in problems if x.severity == "error"]
+    warnings = [x for x in problems if x.severity == "warning"]
     if as_json:
-        print_json(dump(p))
+        print_json({**dump(p), "problems": [x.model_dump() for x in problems]})
+        if errors:
+            raise SystemExit(1)
         return
     t = p.target
-    out.print(f"[green]ok[/] {p.source}", markup=True)
+    if errors:
+        out.print(f"[red]{len(errors)} error{'s' if len(errors) != 1 else ''}[/] {p.source}", markup=True)
+    else:
+        out.print(f"[green]ok[/] {p.source}", markup=True)
     out.print(f"[bold]{p.name}[/]: {p.title}", markup=True)
     out.print(f"target {t.model} on {t.gpus}x {t.hardware}, {t.engine} {t.engine_version or ''}".rstrip())
     out.print(f"base flags: {t.flags or '(none)'}")
@@ -303,6 +328,17 @@ def plan_check(plan_ref: str, as_json: bool) -> None:
     out.print(table)
     if p.prior:
         out.print(f"prior results: {len(p.prior)} (" + "; ".join(f"{r.title}: {r.verdict}" for r in p.prior) + ")")
+    checks = make_table("severity", "where", "check", "finding")
+    for x in problems:
+        checks.add_row(x.severity, x.where, x.check, x.message)
+    if problems:
+        out.print(checks)
+    out.print(
+        f"{len(errors)} error{'s' if len(errors) != 1 else ''}, {len(warnings)} warning{'s' if len(warnings) != 1 else ''}"
+        + (": fix the errors before a launch spends GPU time on them" if errors else "")
+    )
+    if errors:
+        raise SystemExit(1)
 
 
 @plan.command("list")

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import click
 
 from agent import models as m
 from agent.cli_engines import ENGINE, _engine_options
-from agent.console import err, out, print_json
+from agent.console import err, out, print_json, warn
 from agent.errors import PivotError
 from agent.plans import load_plan
 from agent.session import Session
@@ -160,6 +161,45 @@ def _report(session: Session, outcome: Any, as_json: bool) -> None:
         raise SystemExit(1)
 
 
+def _take_plan(session: Session, plan: m.Plan) -> None:
+    """Replace the session's plan with `plan`, recording what changed (nothing when nothing did)."""
+    from agent.plans import plan_changes
+
+    store = session.store
+    changes = plan_changes(session.record.plan, plan, store.experiments(session.id))
+    if not changes:
+        warn(f"the plan {plan.source or plan.name} is the session's plan as it is: nothing changed")
+        return
+    store.change_session_plan(session.id, plan, changes)
+    session.refresh()
+    err.print(f"session {session.id} goes on with the edited plan {plan.source or plan.name}:", highlight=False)
+    for line in changes:
+        err.print(f"  {line}", highlight=False, soft_wrap=True)
+
+
+def _baseline_failed(session: Session) -> bool:
+    """Whether the session's baseline was tried and never measured (it did not start)."""
+    from tools.method import Method
+
+    method = Method.read(session.store, session.id)
+    base = method.baseline()
+    return base is not None and base.status == "failed" and method.run_count(base) == 0
+
+
+def _take_edited_source(session: Session) -> None:
+    """After a failed baseline: the plan file the session came from, when it was edited since (else nothing)."""
+    source = session.record.plan.source
+    if not source or not Path(source).is_file():
+        return
+    try:
+        edited = load_plan(source)
+    except PivotError as e:
+        warn(f"the plan file {source} does not load ({e.message}); the session keeps its plan")
+        return
+    if edited.model_dump(exclude={"source"}) != session.record.plan.model_dump(exclude={"source"}):
+        _take_plan(session, edited)
+
+
 def _method_options(f: Any) -> Any:
     for decorator in reversed(
         [
@@ -259,18 +299,39 @@ def run_cmd(
     "or a message when none is open.",
 )
 @click.option("--model", help="Drive this run with another model (the session keeps it).")
+@click.option(
+    "--plan",
+    "plan_ref",
+    metavar="FILE",
+    help="Go on with this edited plan (same target): the session's plan is replaced and the change recorded.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr (warnings only).")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON on stdout.")
 @click.pass_context
 def resume(
-    ctx: click.Context, session_ref: str, answer: str | None, model: str | None, quiet: bool, as_json: bool
+    ctx: click.Context,
+    session_ref: str,
+    answer: str | None,
+    model: str | None,
+    plan_ref: str | None,
+    quiet: bool,
+    as_json: bool,
 ) -> None:
-    """Resume a session where it stopped: answer its pivot, or go on after a kill (leftover servers are stopped)."""
+    """Resume a session where it stopped: answer its pivot, or go on after a kill (leftover servers are stopped).
+
+    With --plan FILE the session goes on with the edited plan (its base flags, items and text; the target must stay
+    the same). After a baseline that did not start, `--answer continue` also takes the plan file the session was
+    started from when it was edited since.
+    """
     from agent import loop
 
     home = ctx.obj
     session = Session.open(home.store, home.paths, session_ref, events=Progress(quiet))
     with session:
+        if plan_ref is not None:
+            _take_plan(session, load_plan(plan_ref))
+        elif answer is not None and _baseline_failed(session):
+            _take_edited_source(session)
         if model is not None and model != session.record.model:
             if model != loop.AUTOPILOT:  # checked before the session is changed
                 loop.provider_model(model, session.record.model_base_url)

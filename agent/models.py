@@ -499,7 +499,11 @@ class FlagIssue(_Model):
 # profile: a measurement (a profile of the best config) rather than a change; code: a change for the user to make.
 ItemKind = Literal["flag", "config", "workload", "profile", "code"]
 # measured: a measurement that changes nothing (a profile of the best configuration), neither kept nor set aside.
-Verdict = Literal["baseline", "adopted", "no_gain", "regressed", "crashed", "ruled_out", "inconclusive", "measured"]
+# not_measured: the engine does not model the flags the change touches (a simulated engine), so nothing it
+# reports says what the change does: it has to be measured on GPUs.
+Verdict = Literal[
+    "baseline", "adopted", "no_gain", "regressed", "crashed", "ruled_out", "inconclusive", "measured", "not_measured"
+]
 
 
 class Target(_Model):
@@ -648,6 +652,11 @@ class Experiment(_Model):
     verdict: Verdict | None = None
     reason: str | None = Field(default=None, description="Why the verdict, with the measured numbers.")
     audit: list[FlagIssue] = Field(default_factory=list, description="The flag audit of `config` before launch.")
+    not_modelled: list[str] = Field(
+        default_factory=list,
+        description="Flags of `config` the engine does not model (a simulated engine's), so their effect is not in "
+        "its numbers; empty on a real engine.",
+    )
     failure: str | None = Field(default=None, description="Classified failure, e.g. oom, unrecognized-argument.")
     failure_detail: str | None = Field(default=None, description="The log line or message that says why it failed.")
     log_path: str | None = None
@@ -727,6 +736,16 @@ class ServerProcess(_Model):
     failure: str | None = None
     started_at: datetime = Field(default_factory=utcnow)
     stopped_at: datetime | None = None
+
+
+class PlanChange(_Model):
+    """A session's plan replaced by an edited one (`pivot resume --plan`): what changed, from which file, when."""
+
+    id: int | None = None
+    session_id: str
+    source: str | None = Field(default=None, description="The file the new plan was read from.")
+    changes: list[str] = Field(description="What differs, one line each: base flags, items added, removed, changed.")
+    at: datetime = Field(default_factory=utcnow)
 
 
 SessionStatus = Literal["active", "waiting", "finished", "failed", "stopped"]

@@ -37,7 +37,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from agent.errors import PlanError
-from agent.models import Plan
+from agent.models import Experiment, Plan
 
 _TABLE = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(#.*)?$")
 _ARRAY_TABLE = re.compile(r"^\s*\[\[\s*([^\[\]]+?)\s*\]\]\s*(#.*)?$")
@@ -126,6 +126,53 @@ def parse_plan(text: str, source: str = "<plan>") -> Plan:
         shown = problems[:10] + ([f"... and {len(problems) - 10} more"] if len(problems) > 10 else [])
         raise PlanError("\n".join(shown)) from e
     return plan.model_copy(update={"source": source})
+
+
+def plan_changes(old: Plan, new: Plan, experiments: list[Experiment] | None = None) -> list[str]:
+    """What `new` changes in `old`, one line each; a PlanError when the change cannot apply to a session whose
+    ledger holds `experiments` (another target, or an item removed that experiments were run for)."""
+    fixed = ("model", "model_profile", "hardware", "gpus", "engine")
+    moved = [f for f in fixed if getattr(old.target, f) != getattr(new.target, f)]
+    if moved:
+        what = ", ".join(f"target.{f} {getattr(old.target, f)!r} -> {getattr(new.target, f)!r}" for f in moved)
+        raise PlanError(
+            f"the edited plan has another target ({what})",
+            hint="a session keeps its target; start a new session with `pivot run` for another one",
+        )
+    tested = {e.plan_item for e in experiments or [] if e.plan_item}
+    removed = [i for i in old.item_ids() if i not in new.item_ids()]
+    lost = sorted(tested & set(removed))
+    if lost:
+        raise PlanError(
+            f"the edited plan drops item{'s' if len(lost) > 1 else ''} {', '.join(lost)}, which the session has "
+            "experiments for",
+            hint="keep those items (edit their flags or text instead), or start a new session",
+        )
+    out: list[str] = []
+    if old.target.flags != new.target.flags:
+        out.append(f"base flags: {old.target.flags or '(none)'} -> {new.target.flags or '(none)'}")
+    if old.target.engine_version != new.target.engine_version:
+        out.append(f"engine version: {old.target.engine_version} -> {new.target.engine_version}")
+    if old.workload != new.workload:
+        out.append("workload changed (results on the old one are not compared with the new one)")
+    for item_id in removed:
+        out.append(f"item {item_id} removed ({old.item(item_id).title})")
+    for item in new.items:
+        if item.id not in old.item_ids():
+            out.append(f"item {item.id} added ({item.title})")
+            continue
+        before = old.item(item.id)
+        if before == item:
+            continue
+        fields = [f for f in item.model_fields if getattr(before, f) != getattr(item, f)]
+        detail = ""
+        if "flags" in fields or "remove_flags" in fields:
+            detail = f": flags {before.flags or '(none)'} -> {item.flags or '(none)'}"
+        out.append(f"item {item.id} changed ({', '.join(fields)}){detail}")
+    for f in ("name", "title", "description", "tiers", "prior"):
+        if getattr(old, f) != getattr(new, f):
+            out.append(f"{f} changed")
+    return out
 
 
 def bundled_plans_dir() -> Path:

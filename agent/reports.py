@@ -44,6 +44,7 @@ VERDICT_WORDS = {
     "ruled_out": "ruled out",
     "inconclusive": "inconclusive",
     "measured": "measured (not a change)",
+    "not_measured": "not measured (the twin does not model it)",
     None: "not judged",
 }
 CHANGE_FORMULA = "change = (after - before) / before x 100, per level"
@@ -256,6 +257,8 @@ class Ledger:
     pivots: list[m.Pivot]
     runs: dict[int, int] = field(default_factory=dict)  # experiment -> benchmark runs (reruns average)
     usage: list[m.ModelUsage] = field(default_factory=list)  # the model's use, one row per agent run
+    # experiment -> concurrency -> (max - min) / mean of its runs' output tok/s, in %, where it has two or more
+    spread_pct: dict[int, dict[int, float]] = field(default_factory=dict)
 
     @classmethod
     def read(cls, store: Store, session_id: str) -> Ledger:
@@ -265,6 +268,7 @@ class Ledger:
         sources: dict[int, str] = {}
         telemetry: dict[int, dict[int, m.Telemetry]] = {}
         runs: dict[int, int] = {}
+        spread: dict[int, dict[int, float]] = {}
         for e in experiments:
             eid = e.id or 0
             by_level: dict[int, list[m.BenchLevel]] = {}
@@ -276,6 +280,10 @@ class Ledger:
                     if level.max_concurrency is not None:
                         by_level.setdefault(level.max_concurrency, []).append(level)
             levels[eid] = {c: m.BenchLevel.mean(lvs) for c, lvs in by_level.items()}
+            for c, lvs in by_level.items():
+                ok = [lv.output_throughput for lv in lvs if lv.completed > 0 and lv.failed == 0]
+                if len(ok) >= 2 and sum(ok) > 0:
+                    spread.setdefault(eid, {})[c] = (max(ok) - min(ok)) / (sum(ok) / len(ok)) * 100
             telemetry[eid] = {t.max_concurrency: t for t in store.telemetry(eid) if t.max_concurrency is not None}
         return cls(
             record=record,
@@ -288,7 +296,19 @@ class Ledger:
             pivots=store.pivots(record.id),
             runs=runs,
             usage=store.usage(record.id),
+            spread_pct=spread,
         )
+
+    def band_pct(self) -> float:
+        """The noise band, as the method sets it: max(the session's minimum gain, the spread of the baseline's runs
+        at its highest level that completed)."""
+        floor = self.record.settings.min_gain_pct
+        base = self.baseline()
+        if base is None:
+            return floor
+        ok = self.ok_levels(base)
+        spread = self.spread_pct.get(base.id or 0, {}).get(max(ok)) if ok else None
+        return max(floor, spread or 0.0)
 
     @property
     def plan(self) -> m.Plan:
@@ -300,6 +320,24 @@ class Ledger:
     def ok_levels(self, e: m.Experiment) -> dict[int, m.BenchLevel]:
         """Levels that completed requests without failures."""
         return {c: lv for c, lv in self.levels.get(e.id or 0, {}).items() if lv.completed > 0 and lv.failed == 0}
+
+    def figure(self, e: m.Experiment) -> tuple[float, int, int] | None:
+        """The one number every view gives for an experiment: (output tok/s, concurrency, runs), the mean of its
+        runs at the level where that mean is highest (levels with failed requests left out). None when nothing
+        completed, or when the engine did not model the change (its numbers say nothing of it)."""
+        ok = self.ok_levels(e)
+        if not ok or e.verdict == "not_measured":
+            return None
+        c, level = max(ok.items(), key=lambda kv: (kv[1].output_throughput, kv[0]))
+        return level.output_throughput, c, self.runs.get(e.id or 0, 0)
+
+    def figure_text(self, e: m.Experiment) -> str:
+        """`figure` in words: "2,046 @2048 (2 runs)" (the mean of 2 runs), "" when there is none."""
+        found = self.figure(e)
+        if found is None:
+            return ""
+        tok_s, c, runs = found
+        return f"{tok_s:,.0f} @{c} ({runs} run{'s' if runs != 1 else ''})"
 
     def base_of(self, e: m.Experiment) -> m.Experiment | None:
         return self.experiment(e.base_experiment_id)
@@ -319,6 +357,23 @@ class Ledger:
             return config_text(e.config) or "(flags not given)"
         diff = e.config.diff(base.config if base else self.plan.target.base_config())
         return str(diff)
+
+    def unmodelled(self, e: m.Experiment) -> list[str]:
+        """The flags `e` changes that its engine does not model (recorded on the experiments), as typed."""
+        if e.kind == "baseline" or e.verdict == "baseline":
+            return []
+        base = self.base_of(e)
+        gone = set(e.not_modelled) | set(base.not_modelled if base is not None else [])
+        if not gone:
+            return []
+        diff = e.config.diff(base.config if base else self.plan.target.base_config())
+        return [c.name for c in diff.flags if c.name in gone]
+
+    def not_measured_text(self, e: m.Experiment) -> str:
+        """What a report says of a change the engine could not measure, and what would measure it."""
+        flags = self.unmodelled(e)
+        names = ", ".join(flags) if flags else "the flags this change touches"
+        return f"the twin does not model {names}; measure it on a GPU"
 
     def power_w(self, e: m.Experiment, c: int) -> tuple[float | None, float | None]:
         """(mean power per GPU, power limit) at a level, from telemetry."""
@@ -457,6 +512,8 @@ def item_status(ledger: Ledger, item: m.PlanItem) -> tuple[str, list[m.Experimen
     last = exps[-1]
     if last.status in ("planned", "running"):
         return "testing", exps
+    if last.verdict == "not_measured":
+        return "not measured: the twin does not model it (for a GPU)", exps
     if last.verdict is not None:
         return f"tested: {VERDICT_WORDS[last.verdict]}", exps
     if last.status == "failed":
@@ -591,6 +648,14 @@ def _result_section(ledger: Ledger, item: m.PlanItem, e: m.Experiment) -> list[s
         if e.log_path:
             out += ["", f"Server log: {_inline_code(e.log_path)}"]
         return [*out, ""]
+    if e.verdict == "not_measured":
+        ran = (
+            f" The twin ran experiment #{e.id}, but its numbers leave this change out, so they are not a result."
+            if every
+            else " No launch was spent on it."
+        )
+        out += [f"Verdict: **{VERDICT_WORDS[e.verdict]}**. Not measured: {ledger.not_measured_text(e)}.{ran}", ""]
+        return out
     if item.kind == "profile":
         lines = [f for f in ledger.findings if f.experiment_id == e.id and "profile" in f.text.lower()]
         out += [f"- {f.text}" for f in lines] or ["No profile was recorded for this experiment."]
@@ -697,6 +762,17 @@ def _default_question(ledger: Ledger, steps: list[tuple[m.PlanItem, Expectation 
     return "Which of these should pivot pursue next, or do you have a different direction in mind?", options
 
 
+def plan_warnings(ledger: Ledger) -> dict[str, list[str]]:
+    """Per plan item, the plan checks' warnings and errors recorded in the ledger ("error: ...", "warning: ..."),
+    errors first: what a pivot option proposing the item, its document and the summary's next steps must say.
+    The checks are tools/analysis.py `check_plan`; they run with every document and summary the tools write."""
+    out: dict[str, list[str]] = {}
+    claims = [f for f in ledger.findings if f.kind == "claim" and f.plan_item and f.severity in ("warning", "error")]
+    for f in sorted(claims, key=lambda f: (f.severity != "error", f.plan_item or "")):
+        out.setdefault(f.plan_item or "", []).append(f"{f.severity}: {f.text}")
+    return out
+
+
 def next_steps(ledger: Ledger) -> list[tuple[m.PlanItem, Expectation | None]]:
     """Items not tested yet, ranked by the midpoint of their expected range (items without a number last)."""
     pending = []
@@ -724,6 +800,8 @@ def _effect(ledger: Ledger, e: m.Experiment) -> str:
 
 
 def _effect_text(ledger: Ledger, e: m.Experiment) -> str:
+    if e.verdict == "not_measured":
+        return "not measured: " + ledger.not_measured_text(e)
     levels = ledger.levels.get(e.id or 0, {})
     if e.status == "failed" and not levels:
         return f"did not start ({e.failure or 'failed'})"
@@ -851,11 +929,16 @@ def render_status(ledger: Ledger, number: int, question: str | None, options: Se
     # -- Next steps
     out += ["## Next steps", ""]
     steps = next_steps(ledger)
+    warnings = plan_warnings(ledger)
     if steps:
         for i, (item, _) in enumerate(steps, start=1):
             tier = plan.tiers.get(item.tier, f"tier {item.tier}")
             who = "a code change for you to make" if item.kind == "code" else item.kind
-            out.append(f"{i}. **{item.id} {item.title}** ({tier}; {who}). Expected: {item.expected_impact.strip()}")
+            line = f"{i}. **{item.id} {item.title}** ({tier}; {who}). Expected: {item.expected_impact.strip()}"
+            errors = [w for w in warnings.get(item.id, []) if w.startswith("error")]
+            if errors:
+                line += f" Plan check {errors[0]}"
+            out.append(line)
         out += [
             "",
             "Ranked by the midpoint of each item's expected range, as the plan states it; items without a number last.",
@@ -863,6 +946,13 @@ def render_status(ledger: Ledger, number: int, question: str | None, options: Se
         ]
     else:
         out += ["Every item of the plan has been tried.", ""]
+    unmeasured = [e for e in tried if e.verdict == "not_measured"]
+    if unmeasured:
+        out += ["To measure on a GPU (the twin does not model what they change, so it did not measure them):", ""]
+        out += [
+            f"- **{e.plan_item or ''} {e.title}**".replace("** ", "**", 1) + f": {ledger.not_measured_text(e)}."
+            for e in unmeasured
+        ] + [""]
     corrections = [f for f in ledger.findings if f.kind == "claim" and f.severity == "error"]
     if corrections:
         out += [
@@ -930,12 +1020,17 @@ def _root_cause(ledger: Ledger, used: set[int]) -> list[str]:
             moe = any("rows_per_expert" in f.values for f in levels)
             header = [
                 "concurrency",
+                "running requests",
                 "rows per expert" if moe else "GEMM rows (M)",
                 "FLOP/byte",
                 "bound",
+                "GEMM TFLOP per step",
+                "GEMM ms",
                 "TFLOPS",
                 "% of peak",
+                "GB per step",
                 "bandwidth floor ms",
+                "TPOT ms",
                 "TPOT / floor",
                 "W per GPU",
                 "% of power limit",
@@ -945,15 +1040,21 @@ def _root_cause(ledger: Ledger, used: set[int]) -> list[str]:
             for f in levels:
                 v = f.values
                 rows_pe = v["rows_per_expert"] if moe else round(v["gemm_m"])
+                gemm_ms = v.get("estimate_expert_gemm_ms" if moe else "estimate_dense_gemm_ms")
                 rows.append(
                     [
                         int(v["max_concurrency"]),
+                        _tok(v.get("running_decodes")),
                         _rows(rows_pe),
                         f"{v['arithmetic_intensity_flop_per_byte']:,.0f}",
                         "memory" if v.get("memory_bound") else "compute",
-                        f"{v['achieved_tflops']:,.0f}",
+                        f"{v['gemm_tflop']:.4g}" if "gemm_tflop" in v else "",
+                        _ms(gemm_ms),
+                        f"{v['achieved_tflops']:,.1f}",
                         f"{v['share_of_peak_pct']:.1f}",
+                        f"{v['step_bytes_gb']:.2f}",
                         _ms(v["bandwidth_floor_ms"]),
+                        _ms(v.get("mean_tpot_ms")),
                         f"{v['tpot_over_floor']:.1f}",
                         _tok(v.get("power_w_mean")),
                         _tok(v.get("power_share_pct")),
@@ -961,6 +1062,19 @@ def _root_cause(ledger: Ledger, used: set[int]) -> list[str]:
                     ]
                 )
             out += [_table(header, rows, ["r"] * len(header)), ""]
+            v = levels[-1].values
+            per_expert = (
+                f"rows per expert = running requests x {v['experts_per_token']:.0f} / {v['experts']:.0f}; "
+                if moe and "experts" in v
+                else ""
+            )
+            out += [
+                f"Each row is one set of numbers, at the requests that actually decode (running requests, from "
+                f"Little's law): {per_expert}TFLOPS = GEMM TFLOP per step / GEMM ms (the decode-step estimate); "
+                f"% of peak = TFLOPS / {v['peak_tflops']:,.0f}; bandwidth floor = GB per step / "
+                f"{v.get('bandwidth_gbs', 0):,.0f} GB/s; TPOT / floor = TPOT ms / bandwidth floor ms.",
+                "",
+            ]
         formulas = sorted({f.formula for f in fs if f.formula})
         if formulas:
             out += ["How the numbers were derived:", ""] + [f"- {x}" for x in formulas] + [""]
@@ -1094,7 +1208,16 @@ _CSS = (
 def _charts(ledger: Ledger, charts: Any) -> list[tuple[str, str, bytes]]:
     """(file stem, caption, PNG) of the summary's charts."""
     key = ledger.workload_key()
-    exps = [e for e in ledger.experiments if ledger.ok_levels(e) and e.workload.workload_key() == key]
+
+    def crashes(e: m.Experiment) -> dict[int, str]:
+        failed = [c for c, lv in ledger.levels.get(e.id or 0, {}).items() if lv.failed > 0]
+        return {c: e.failure or "requests failed" for c in failed}
+
+    exps = [
+        e
+        for e in ledger.experiments
+        if (ledger.ok_levels(e) or crashes(e)) and e.workload.workload_key() == key and e.verdict != "not_measured"
+    ]
     if not exps:
         return []
     baseline = ledger.baseline()
@@ -1114,31 +1237,50 @@ def _charts(ledger: Ledger, charts: Any) -> list[tuple[str, str, bytes]]:
             role(e), e.plan_item or e.kind
         )
         change = ledger.change_text(e).removeprefix("base flags: ")
-        change = change if len(change) <= 42 else change[:41] + "…"
-        return f"#{e.id} {words}: {change}"
+        verdict = f" ({VERDICT_WORDS[e.verdict]})" if e.verdict not in (None, "baseline") else ""
+        return f"#{e.id} {words}: {change}{verdict}"
 
     simulated = any(ledger.sources.get(e.id or 0) == "simulated" for e in exps)
     note = "simulated by pivot's digital twin" if simulated else ""
     out = []
-    series = [
-        charts.Series(label(e), {c: lv.output_throughput for c, lv in ledger.ok_levels(e).items()}, role(e))
-        for e in exps
-    ]
+
+    def series_of(metric: str) -> list[Any]:
+        return [
+            charts.Series(
+                label(e),
+                {c: getattr(lv, metric) for c, lv in ledger.ok_levels(e).items()},
+                role(e),
+                crashes=crashes(e),
+                tag=f"#{e.id}",
+            )
+            for e in exps
+        ]
+
+    band_pct = ledger.band_pct()
+    base_points = (
+        {c: lv.output_throughput for c, lv in ledger.ok_levels(baseline).items()} if baseline is not None else {}
+    )
     out.append(
         (
             "throughput",
-            "Output tok/s against concurrency: baseline, best and every configuration tried.",
-            charts.line_chart(series, title="Output tok/s", ylabel="output tok/s", note=note),
+            "Output tok/s against concurrency: baseline, best and every configuration tried, the baseline's noise "
+            f"band shaded (+-{band_pct:.1f}%), crashes marked.",
+            charts.line_chart(
+                series_of("output_throughput"),
+                title="Output tok/s (mean of each experiment's runs)",
+                ylabel="output tok/s",
+                note=note,
+                band=(base_points, band_pct) if base_points else None,
+            ),
         )
     )
-    series = [
-        charts.Series(label(e), {c: lv.mean_tpot_ms for c, lv in ledger.ok_levels(e).items()}, role(e)) for e in exps
-    ]
     out.append(
         (
             "tpot",
-            "Mean TPOT against concurrency, same configurations.",
-            charts.line_chart(series, title="Mean TPOT (ms)", ylabel="mean TPOT (ms)", note=note),
+            "Mean TPOT against concurrency, same configurations (lower is better).",
+            charts.line_chart(
+                series_of("mean_tpot_ms"), title="Mean TPOT (ms, lower is better)", ylabel="mean TPOT (ms)", note=note
+            ),
         )
     )
     power_exps = [e for e in exps if role(e) in ("baseline", "best")]
@@ -1152,7 +1294,7 @@ def _charts(ledger: Ledger, charts: Any) -> list[tuple[str, str, bytes]]:
                 points[c] = w
                 limit = limit or lim
         if points:
-            power_series.append(charts.Series(label(e), points, role(e)))
+            power_series.append(charts.Series(label(e), points, role(e), tag=f"#{e.id}"))
     if power_series:
         out.append(
             (

@@ -330,6 +330,19 @@ def _m007_combined_items(db: Database) -> None:
     db["experiments"].add_column("plan_items_json", str)
 
 
+def _m009_truth(db: Database) -> None:
+    """The flags of an experiment's config its engine does not model (a simulated engine's), kept so a verdict
+    never calls an unmodelled change measured."""
+    db["experiments"].add_column("not_modelled_json", str)
+    db["plan_changes"].create(
+        {"id": int, "session_id": str, "source": str, "changes_json": str, "old_plan_json": str, "at": str},
+        pk="id",
+        foreign_keys=[("session_id", "sessions", "id")],
+        not_null={"session_id", "changes_json", "at"},
+    )
+    db["plan_changes"].create_index(["session_id"])
+
+
 def _m011_usage(db: Database) -> None:
     """Each agent run's model requests, input and output tokens, and cost where it is known."""
     db["model_usage"].create(
@@ -359,6 +372,7 @@ MIGRATIONS: list[Migration] = [
     ("005_telemetry_tokens", _m005_telemetry_tokens),
     ("006_session_settings", _m006_session_settings),
     ("007_combined_items", _m007_combined_items),
+    ("009_truth", _m009_truth),
     ("011_usage", _m011_usage),
 ]
 
@@ -639,6 +653,46 @@ class Store:
                 "update sessions set model = ?, updated_at = ? where id = ?", [model, _ts(m.utcnow()), session_id]
             )
 
+    def change_session_plan(self, session_id: str, plan: m.Plan, changes: list[str]) -> m.PlanChange:
+        """Replace the session's plan with an edited one, and record what changed (the old plan is kept)."""
+        change = m.PlanChange(session_id=session_id, source=plan.source, changes=changes)
+        with self._write() as db:
+            rows = list(db["sessions"].rows_where("id = ?", [session_id]))
+            if not rows:
+                raise SessionNotFound(f"no session {session_id!r}")
+            table = db["plan_changes"]
+            table.insert(
+                {
+                    "session_id": session_id,
+                    "source": change.source,
+                    "changes_json": json.dumps(changes),
+                    "old_plan_json": rows[0]["plan_json"],
+                    "at": _ts(change.at),
+                }
+            )
+            db.execute(
+                "update sessions set plan_json = ?, plan_name = ?, updated_at = ? where id = ?",
+                [plan.model_dump_json(), plan.name, _ts(m.utcnow()), session_id],
+            )
+            return change.model_copy(update={"id": table.last_pk})
+
+    def plan_changes(self, session_id: str) -> list[m.PlanChange]:
+        """The session's plan changes, oldest first."""
+        with self._read() as db:
+            if "plan_changes" not in db.table_names():
+                return []
+            rows = db["plan_changes"].rows_where("session_id = ?", [session_id], order_by="id")
+            return [
+                m.PlanChange(
+                    id=r["id"],
+                    session_id=r["session_id"],
+                    source=r["source"],
+                    changes=json.loads(r["changes_json"]),
+                    at=_dt(r["at"]),
+                )
+                for r in rows
+            ]
+
     def set_session_status(self, session_id: str, status: m.SessionStatus) -> None:
         with self._write() as db:
             db.execute(
@@ -780,6 +834,7 @@ class Store:
             "verdict": e.verdict,
             "reason": e.reason,
             "audit_json": json.dumps([issue.model_dump() for issue in e.audit]),
+            "not_modelled_json": json.dumps(e.not_modelled),
             "failure": e.failure,
             "failure_detail": e.failure_detail,
             "log_path": e.log_path,
@@ -805,6 +860,7 @@ class Store:
             verdict=row["verdict"],
             reason=row["reason"],
             audit=json.loads(row["audit_json"] or "[]"),
+            not_modelled=json.loads(row.get("not_modelled_json") or "[]"),
             failure=row["failure"],
             failure_detail=row.get("failure_detail"),
             log_path=row["log_path"],

@@ -129,9 +129,10 @@ def fit(table: dict) -> dict[str, float]:
     best = unpack(nelder_mead(lambda x: loss(table, unpack(x)), x0, np.full(len(x0), 0.3)))
     result = run(table, best)
     _, sim = result[-1]
-    busy = sim.busy_s / sim.wall_s
+    # power: activity = power_activity x (power_compute_weight x tensor use + memory use), fitted at the table's level
+    use = hw.calibration.power_compute_weight * sim.tensor_s / sim.wall_s + sim.memory_s / sim.wall_s
     target = table["power_w_per_gpu_at"]["watts"]
-    best["power_activity"] = min(max((target - hw.idle_w) / ((hw.tdp_w - hw.idle_w) * busy), 0.01), 1.0)
+    best["power_activity"] = min(max((target - hw.idle_w) / ((hw.tdp_w - hw.idle_w) * use), 0.01), 1.0)
     return best
 
 

@@ -40,8 +40,10 @@ def test_glm5_on_the_twin_is_bound_by_small_batch_expert_gemms_with_low_power(gl
     assert a.bottleneck == "small_batch_expert_gemm"
     assert a.reference_concurrency == 2048
     top = a.levels[-1]
-    # rows per expert: concurrency x k / E = 2048 x 8 / 256 = 64; each GPU holds every expert at 1/8 width
-    assert top.rows_per_expert == pytest.approx(64)
+    # rows per expert: the requests that actually decode x k / E (about 1,600 of 2048 in a burst, so about 50,
+    # not 2048 x 8 / 256 = 64); each GPU holds every expert at 1/8 width
+    assert 1000 < top.running_decodes < 2048
+    assert top.rows_per_expert == pytest.approx(top.running_decodes * 8 / 256)
     assert top.gemm_n == pytest.approx(2048 / 8)
     assert top.gemm_bound == "memory" and top.arithmetic_intensity_flop_per_byte < top.ridge_flop_per_byte
     assert top.share_of_peak_pct < 10
@@ -49,8 +51,12 @@ def test_glm5_on_the_twin_is_bound_by_small_batch_expert_gemms_with_low_power(gl
     assert top.power_share_pct is not None and top.power_share_pct < 50
     assert top.scaling_exponent is not None and 0 < top.scaling_exponent < 0.8
     texts = [f.text for f in a.evidence]
-    assert any("64 rows per decode step" in t for t in texts)
-    assert any("of their power limit" in t and "sublinearly" in t and "waiting on memory" in t for t in texts)
+    assert any(
+        f"{top.rows_per_expert:,.0f} rows per decode step ({top.running_decodes:,.0f} x 8 / 256)" in t for t in texts
+    )
+    # low power, and the step far from its bandwidth floor: not "waiting on memory"
+    assert any("of their power limit" in t and "sublinearly" in t and "neither the memory" in t for t in texts)
+    assert not any("waiting on memory" in t for t in texts)
     assert any("below the ridge point" in t for t in texts)
     power = next(f for f in a.evidence if "power_share_pct" in f.values)
     assert power.values["power_share_pct"] == pytest.approx(100 * top.power_w_mean / top.power_limit_w)
@@ -71,7 +77,7 @@ def test_the_dense_model_on_one_h200_has_a_different_bottleneck(llama, store):
     assert a.dense and a.bottleneck != "small_batch_expert_gemm"
     assert a.bottleneck == "kv_capacity"
     assert all(lv.rows_per_expert is None for lv in a.levels)
-    assert all(lv.gemm_m == lv.max_concurrency for lv in a.levels)  # the dense GEMM's M is the batch
+    assert all(lv.gemm_m == lv.running_decodes for lv in a.levels)  # the dense GEMM's M is the decoding batch
     notes = [f.text for f in store.findings(llama.id, kind="note")]
     assert any("rows per expert do not apply" in t for t in notes)
     kv = a.evidence[0]
@@ -199,3 +205,101 @@ def test_findings_round_trip_through_the_ledger(store, small_plan):
     assert json.loads(row["values_json"]) == {"x_ms": 1.5}
     store.replace_findings("abc123", None, [])
     assert store.findings("abc123") == []
+
+
+def test_the_root_cause_is_one_set_of_numbers_each_derived_figure_recomputed(glm5, store):
+    """Every derived figure of the summary's root cause is recomputed from the figures printed beside it."""
+    import re
+
+    from agent import reports
+
+    analyze(glm5)
+    check_plan(glm5)
+    ledger = reports.Ledger.read(store, glm5.id)
+    text = reports.render_status(ledger, 1, "q?", ["a"]).markdown
+    root = text.split("## Root cause", 1)[1].split("## Next steps", 1)[0]
+
+    def num(s: str) -> float:
+        return float(s.replace(",", ""))
+
+    # the table: rows per expert, TFLOPS, % of peak, bandwidth floor, TPOT / floor, from their neighbours
+    table = next(t for t in reports.tables(root) if t[0][:2] == ["concurrency", "running requests"])
+    col = {name: i for i, name in enumerate(table[0])}
+    caption = re.search(
+        r"rows per expert = running requests x (\d+) / (\d+);.*% of peak = TFLOPS / ([\d,]+); bandwidth floor = GB "
+        r"per step / ([\d,]+) GB/s",
+        root,
+    )
+    assert caption, root
+    k, experts, peak, bw = (num(g) for g in caption.groups())
+    for row in table[1:]:
+        running = num(row[col["running requests"]])
+        rows_pe = num(row[col["rows per expert"]])
+        assert rows_pe == pytest.approx(running * k / experts, abs=0.5 + 0.5 * k / experts)  # both printed rounded
+        tflop, ms, tflops = num(row[col["GEMM TFLOP per step"]]), num(row[col["GEMM ms"]]), num(row[col["TFLOPS"]])
+        assert tflops == pytest.approx(tflop / (ms / 1000), rel=0.02, abs=0.1)
+        assert num(row[col["% of peak"]]) == pytest.approx(100 * tflops / peak, abs=0.06)
+        floor = num(row[col["bandwidth floor ms"]])
+        assert floor == pytest.approx(num(row[col["GB per step"]]) / bw * 1000, rel=0.01, abs=0.06)
+        assert num(row[col["TPOT / floor"]]) == pytest.approx(num(row[col["TPOT ms"]]) / floor, abs=0.06)
+
+    # the evidence: rows per expert from the running requests it names, TFLOPS from the TFLOP and ms it names
+    rows_line = re.search(r"each expert sees ([\d.,]+) rows per decode step \(([\d,]+) x (\d+) / (\d+)\)", root)
+    assert rows_line, root
+    rows_pe, running, k, experts = (num(g) for g in rows_line.groups())
+    assert rows_pe == pytest.approx(running * k / experts, abs=0.5)
+    gemm = re.search(
+        r"at about ([\d,]+) TFLOPS \(([\d.]+) TFLOP per GPU in ([\d,]+) ms\), ([\d.]+)% of the ([\d,]+)", root
+    )
+    assert gemm, root
+    tflops, tflop, ms, share, peak = (num(g) for g in gemm.groups())
+    assert tflops == pytest.approx(tflop / ms * 1000, rel=0.01, abs=0.5)
+    assert share == pytest.approx(100 * tflops / peak, abs=0.1)
+    # the table's top row is the same set of numbers as the evidence
+    top = table[-1]
+    assert num(top[col["running requests"]]) == running and num(top[col["GEMM ms"]]) == pytest.approx(ms, abs=0.5)
+    # shares of the estimated step
+    step = re.search(
+        r"Estimated decode step at concurrency \d+ \([\d,]+ running requests\): (.*?) \(sum ([\d,]+) ms", root
+    )
+    assert step, root
+    parts = re.findall(r"([a-zA-Z ]+?) ([\d,]+) ms \((\d+)%\)", step.group(1))
+    total = num(step.group(2))
+    assert len(parts) >= 3
+    for _, ms_text, pct in parts:
+        assert num(pct) == pytest.approx(100 * num(ms_text) / total, abs=1.0)
+    assert sum(num(ms_text) for _, ms_text, _ in parts) == pytest.approx(total, abs=len(parts))
+    # no contradiction: far from the bandwidth floor, the power line does not say the GPUs wait on memory
+    far = re.search(r"the decode step itself is ([\d.]+)x its bandwidth floor", root)
+    assert far and num(far.group(1)) > 2 and "waiting on memory" not in root
+    # and one derivation per figure
+    derived = [line for line in root.splitlines() if line.startswith("- rows per expert =")]
+    assert len(derived) == 1
+
+
+def test_a_profile_of_the_same_configuration_is_what_the_root_cause_uses(glm5, store):
+    """A profile item profiles the best configuration on a server of its own: the best's analysis uses it."""
+    best = best_experiment(store, glm5.id)
+    base = store.get_experiment(best)
+    twin_run = store.add_experiment(
+        glm5.id,
+        base.model_copy(update={"id": None, "plan_item": "08", "kind": "change", "base_experiment_id": best}),
+    )
+    for result in store.bench_results(best):
+        store.add_bench_result(twin_run.id, result)
+    profile = m.ProfileSummary(
+        source="measured",
+        categories={
+            "expert_gemm": m.ProfileCategory(seconds=1.0, share=0.2),
+            "communication": m.ProfileCategory(seconds=4.0, share=0.8),
+        },
+        max_concurrency=2048,
+    )
+    analyze(glm5, twin_run.id, profile=profile)
+    a = analyze(glm5, best)  # no profile of its own: the same configuration's measured one
+    assert a.bottleneck == "communication"
+    assert any("communication 80%" in f.text for f in a.evidence)
+    said = f"Profile (measured, on experiment {twin_run.id}: the same configuration"
+    assert any(f.text.startswith(said) for f in a.findings)
+    again = analyze(glm5, best)  # re-analysed: its copy still says where the profile was measured
+    assert any(f.text.startswith(said) for f in again.findings)

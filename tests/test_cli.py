@@ -166,3 +166,33 @@ def test_tables_keep_numbers_whole_on_a_narrow_terminal():
     table.add_row("0042", "x" * 60)
     text = show(table, 40)
     assert "0042" in text and text.count("x") == 60
+
+
+def test_show_the_summary_and_the_tui_give_the_same_figure(store, paths, small_plan, monkeypatch):
+    """One figure per view: the mean of the runs at the best level, with the count (not the best single run)."""
+    from agent import reports
+    from agent.tui.view import board
+    from tests.factories import bench_level
+
+    monkeypatch.setenv("COLUMNS", "200")
+    ids = _populate(store, small_plan)
+    base_id = int(ids.split(",")[0])
+    for out in (2082.0, 2010.0):  # two runs of the baseline: mean 2,046
+        store.add_bench_result(
+            base_id,
+            m.BenchResult(
+                spec=small_plan.workload,
+                levels=[bench_level(1, 100.0), bench_level(8, out)],
+                engine="sglang",
+                source="measured",
+            ),
+        )
+    shown = json.loads(run("show", "demo01", "--json").stdout)
+    assert shown["experiments"][0]["figure"] == {"output_tok_s": 2046.0, "max_concurrency": 8, "runs": 2}
+    text = " ".join(run("show", "demo01").stdout.split())
+    assert "2,046 @8 (2 runs)" in text and "2,082" not in text
+    row = board(store, "demo01").experiments[0]
+    assert row.best == "2,046 @8 (2 runs)"
+    ledger = reports.Ledger.read(store, "demo01")
+    summary = reports.render_status(ledger, 1, "q?", ["a"]).markdown
+    assert "2,046" in summary and "2,082" not in summary

@@ -136,9 +136,10 @@ def test_import_creates_the_session_and_the_summary_has_the_files_numbers(bench_
         assert row[0] == f"| {c}"
         assert row[1:6] == [f"{out_tok:,.0f}", f"{total:,.0f}", f"{peak:,.0f}", f"{ttft:,.1f}", f"{tpot:,.1f}"]
         assert row[6] == "#1" and row[7] == "--tp-size 8 --max-running-requests 2048" and row[8] == "imported |"
-    # the analysis ran on the imported numbers: 64 rows per expert at 2048, no power readings to quote
+    # the analysis ran on the imported numbers: at 2048 about 1,707 requests decode at once (2,095 tok/s x 815 ms),
+    # so 53 rows per expert; no power readings to quote
     root = text.split("## Root cause\n", 1)[1]
-    assert "from the analysis of experiment #1" in root and "64 rows per decode step" in root
+    assert "from the analysis of experiment #1" in root and "53 rows per decode step (1,707 x 8 / 256)" in root
     assert "power limit" not in root.split("Also measured")[0]
     # the valid runs are kept under state/<session>/bench/, as bench_serving wrote them
     db = sqlite3.connect(paths.db_path)

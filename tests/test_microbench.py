@@ -171,7 +171,9 @@ def test_imported_h200_rows_feed_the_dense_models_analysis(store, paths):
     rows = {r.id: r for r in store.microbench_results(device="h200", dtype="fp8")}
     used = rows[int(top.achieved_source.split("#")[1].split()[0])]
     assert 0.5 <= used.m / top.gemm_m <= 2 and used.n in (8192, 10240)
-    assert top.achieved_tflops == pytest.approx(min(used.tflops, top.roofline_tflops))
+    # the estimate's dense GEMM time runs the FP8 layers at the micro-benchmark's rate (the BF16 lm_head at its
+    # own), and the TFLOPS the root cause prints are that estimate's FLOPs over its time
+    assert top.achieved_tflops == pytest.approx(used.tflops, rel=0.05) and top.achieved_tflops <= used.tflops
 
 
 def test_fp8_rows_stand_in_for_nvfp4_experts_on_a_gpu_without_fp4_units(store):

@@ -25,6 +25,7 @@ TABLES = {
     "servers",
     "findings",
     "microbench_results",
+    "plan_changes",
 }
 
 

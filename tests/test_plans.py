@@ -115,10 +115,96 @@ def test_cli_plan_check_and_list_on_shipped_plans():
         timeout=60,
         cwd=Path("/"),
     )
-    assert proc.returncode == 0, proc.stderr
+    # the seeds' plan has two errors pivot knows before any launch: a flag SGLang 0.5.23 removed (02) and a
+    # memory fraction lowered to get more KV cache (05); the no-op flag of 01 is a warning
+    assert proc.returncode == 1, proc.stderr
     assert "Piecewise CUDA graphs" in proc.stdout and "prior results: 4" in proc.stdout
+    assert "2 errors, 1 warning" in proc.stdout
     proc = subprocess.run(
         [sys.executable, "-m", "agent.cli", "plan", "list", "--json"], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 0
     assert any(row["name"] == GLM5 and row["items"] == 11 for row in __import__("json").loads(proc.stdout))
+
+
+BAD_PLAN = """
+name = "hand-written"
+title = "Written by hand"
+
+[target]
+model = "org/m"
+model_profile = "no-such-model"
+hardware = "b300"
+gpus = 8
+flags = "--tp-size 8 --no-such-flag"
+
+[[items]]
+id = "01"
+tier = 1
+kind = "flag"
+title = "Graphs up to 512"
+flags = "--cuda-graph-max-bs 512"
+hypothesis = "Bigger graphs."
+expected_impact = "+5%"
+
+[[items]]
+id = "02"
+tier = 1
+kind = "flag"
+title = "Continuous decode steps"
+flags = "--num-continuous-decode-steps 4"
+hypothesis = "Fewer launches."
+expected_impact = "+5%"
+"""
+
+
+def test_plan_check_runs_everything_knowable_before_a_launch(tmp_path):
+    from tools.preflight import preflight
+
+    problems = preflight(parse_plan(BAD_PLAN, source="bad.toml"))
+    found = {(p.severity, p.where, p.check, p.flag) for p in problems}
+    assert ("error", "target.model_profile", "profile", None) in found
+    assert ("error", "target.hardware", "profile", None) in found
+    assert ("error", "target.flags", "audit", "--no-such-flag") in found
+    assert ("error", "item 01", "audit", "--cuda-graph-max-bs") in found  # ambiguous in 0.5.23
+    assert ("warning", "item 02", "audit", "--num-continuous-decode-steps") in found  # a no-op
+    assert not any(p.where == "target.flags" and p.flag == "--tp-size" for p in problems)
+    missing = next(p for p in problems if p.where == "target.model_profile")
+    assert "glm-5-nvfp4" in missing.message and "llama-3.3-70b-fp8" in missing.message  # the ones that exist
+    hardware = next(p for p in problems if p.where == "target.hardware")
+    assert "h200" in hardware.message and "rtx-pro-6000-blackwell" in hardware.message
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text(BAD_PLAN)
+    proc = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "plan", "check", "--json", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    data = __import__("json").loads(proc.stdout)
+    assert data["name"] == "hand-written" and sum(p["severity"] == "error" for p in data["problems"]) == 4
+
+
+def test_plan_check_passes_a_clean_plan():
+    from tools.preflight import preflight
+
+    plan = parse_plan(SMALL_PLAN.replace('hardware = "h200"', 'hardware = "h200"\nmodel_profile = "llama-3.3-70b-fp8"'))
+    assert [p for p in preflight(plan) if p.severity == "error"] == []
+
+
+def test_the_readmes_model_profile_example_loads_and_adds_up(tmp_path):
+    from tools.preflight import preflight
+    from tools.profiles import load_model
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = next(b for b in readme.split("```toml\n")[1:] if b.startswith('name = "qwen2.5-7b"')).split("```")[0]
+    path = tmp_path / "qwen2.5-7b.toml"
+    path.write_text(block)
+    profile = load_model(str(path))
+    assert profile.kind == "dense" and 7.5e9 < profile.total_params < 7.7e9
+    gemms = sum(g.n * g.k for g in profile.dense_gemms) * profile.layers
+    assert abs(gemms - sum(p.params for p in profile.parts if p.name in ("attention", "mlp"))) / gemms < 0.01
+    plan = parse_plan(SMALL_PLAN.replace('hardware = "h200"', f'hardware = "h200"\nmodel_profile = "{path}"'))
+    assert [p for p in preflight(plan) if p.severity == "error"] == []

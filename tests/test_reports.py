@@ -241,7 +241,7 @@ def test_the_seeds_setting_summary_names_small_expert_gemms_and_the_dense_one_do
     glm = (paths.home / write_status_summary(SessionRef(store, paths, ids["glm5"])).path).read_text()
     root = _section(glm, "Root cause")
     assert root.lstrip().startswith("**Small-batch expert GEMMs**")
-    assert "64 rows per decode step (2048 x 8 / 256)" in root and "of their power limit" in root
+    assert re.search(r"\d+ rows per decode step \([\d,]+ x 8 / 256\)", root) and "of their power limit" in root
     assert "error: Item 05 lowers --mem-fraction-static" in root
     llama = (paths.home / write_status_summary(SessionRef(store, paths, ids["llama"])).path).read_text()
     assert not _section(llama, "Root cause").lstrip().startswith("**Small-batch")
@@ -403,3 +403,40 @@ def test_a_session_without_results_still_gets_a_well_formed_summary(store, paths
     assert [h for level, h in heads if level == 2] == list(STATUS_HEADINGS)
     assert [r[0] for r in tabs[0][1:]] == ["1", "8"] and "No analysis is recorded yet" in text
     assert [d.status for d in docs] == ["proposed", "documented: a code change for you to make"]
+
+
+def test_charts_a_reader_understands_at_a_glance():
+    """Labelled log axis, the noise band, crashes marked, series told apart, full labels."""
+    import matplotlib.pyplot as plt
+
+    from agent import charts
+
+    long = "#7 06: --chunked-prefill-size 16384 --max-prefill-tokens 32768 --schedule-conservativeness 0.8 (no gain)"
+    series = [
+        charts.Series("#1 baseline: --tp-size 8", {1: 10, 256: 800, 2048: 2000}, "baseline", tag="#1"),
+        charts.Series("#3 best: --enable-mscclpp", {1: 10, 256: 820, 2048: 2100}, "best", tag="#3"),
+        charts.Series("#5 01: --max-running-requests 2048 (no gain)", {1: 10, 256: 800, 2048: 2000}, tag="#5"),
+        charts.Series(long, {1: 10, 256: 805, 2048: 2010}, tag="#7"),
+        charts.Series("#8 07: --ep-size 8 (crashed)", {1: 9, 256: 700}, crashes={1024: "cuda-error"}, tag="#8"),
+    ]
+    band = ({1: 10, 256: 800, 2048: 2000}, 3.5)
+    fig = charts.line_figure(series, title="Output tok/s", ylabel="output tok/s", band=band)
+    ax = fig.axes[0]
+    assert "log scale" in ax.get_xlabel() and ax.get_xscale() == "log"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "256", "1024", "2048"]
+    legend = [t.get_text().replace("\n", " ").replace("     ", " ") for t in ax.get_legend().get_texts()]
+    assert any(t.startswith("noise band around the baseline: +-3.5%") for t in legend)
+    assert " ".join(legend).count("--schedule-conservativeness 0.8 (no gain)") == 1  # the long label whole
+    lines = [line for line in ax.get_lines() if line.get_label() in [s.label for s in series]]
+    markers = [line.get_marker() for line in lines]
+    assert len(set(markers)) == len(markers) == 5  # one marker per series: overlapping lines stay apart
+    texts = [t.get_text() for t in ax.texts]
+    assert any(t == "#8 crashed at 1024 (cuda-error)" for t in texts)
+    assert {"#1", "#3", "#5", "#7"} <= set(texts)  # direct labels where the lines end
+    crosses = [line for line in ax.get_lines() if line.get_marker() == "X" and list(line.get_xdata()) == [1024]]
+    assert crosses and list(crosses[0].get_ydata()) == [700]
+    band_poly = [c for c in ax.collections if c.get_label().startswith("noise band")]
+    assert band_poly
+    plt.close(fig)
+    png = charts.line_chart(series, title="Output tok/s", ylabel="output tok/s", band=band)
+    assert png.startswith(b"\x89PNG")

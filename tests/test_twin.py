@@ -60,6 +60,32 @@ def test_peak_and_power_at_2048(calibrated):
     assert top.model_extra["mean_gpu_power_w"] == pytest.approx(TABLE["power_w_per_gpu_at"]["watts"], rel=0.15)
 
 
+@pytest.mark.parametrize(
+    ("model", "hardware", "gpus", "flags"),
+    [
+        ("glm-5-nvfp4", "rtx-pro-6000-blackwell", 8, TABLE["flags"]),
+        ("glm-5-nvfp4", "rtx-pro-6000-blackwell", 8, "--tp-size 4 --pp-size 2"),
+        ("llama-3.3-70b-fp8", "h200", 1, "--tp-size 1"),
+    ],
+    ids=["glm5-tp8", "glm5-tp4pp2", "llama70b-h200"],
+)
+def test_power_never_falls_while_throughput_rises_at_a_fixed_config(model, hardware, gpus, flags):
+    t = Twin.build(model, hardware, gpus, m.ServerConfig.parse(flags))
+    spec = WORKLOAD.model_copy(update={"concurrency": [1, 16, 64, 256, 512, 1024, 2048]})
+    results = t.predict(spec)
+    hw, cal = t.hw, t.hw.calibration
+    previous = None
+    for level, sim in results:
+        watts = level.model_extra["mean_gpu_power_w"]
+        # the power is the cost model's own use of the tensor cores and the memory over the level's wall time
+        use = cal.power_compute_weight * sim.tensor_s / sim.wall_s + sim.memory_s / sim.wall_s
+        assert watts == pytest.approx(hw.idle_w + (hw.tdp_w - hw.idle_w) * min(cal.power_activity * use, 1), abs=0.1)
+        assert hw.idle_w < watts <= hw.tdp_w
+        if previous is not None and level.output_throughput > previous[0]:
+            assert watts >= previous[1] - 0.5, (level.max_concurrency, watts, previous)
+        previous = (level.output_throughput, watts)
+
+
 def test_3072_gains_nothing_because_the_kv_pool_is_full():
     (at2048,) = sweep(TABLE["flags"], [2048], STEADY)
     (at3072,) = sweep(TABLE["flags"].replace("2048", "3072"), [3072], STEADY)

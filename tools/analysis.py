@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Literal, Protocol
 
@@ -100,8 +101,10 @@ class LevelRoofline(BaseModel):
     mean_tpot_ms: float
     running_decodes: float = Field(description="min(output tok/s x mean TPOT, concurrency).")
     context_tokens: float = Field(description="Mean prompt + half the mean output.")
-    rows_per_expert: float | None = Field(default=None, description="concurrency x k / E; None for a dense model.")
-    gemm_m: float = Field(description="Rows of the analysed GEMM: rows per expert (MoE) or concurrency (dense).")
+    rows_per_expert: float | None = Field(default=None, description="running decodes x k / E; None for a dense model.")
+    gemm_m: float = Field(
+        description="Rows of the analysed GEMM: rows per expert hit (MoE) or running decodes (dense)."
+    )
     gemm_n: float = Field(description="Its width on one GPU.")
     gemm_k: float
     arithmetic_intensity_flop_per_byte: float
@@ -109,7 +112,8 @@ class LevelRoofline(BaseModel):
     gemm_bound: Literal["memory", "compute"]
     peak_tflops: float
     roofline_tflops: float
-    achieved_tflops: float
+    achieved_tflops: float = Field(description="The estimate's GEMM FLOPs per GPU per step / its GEMM time.")
+    gemm_tflop: float = Field(default=0.0, description="FLOPs of the analysed GEMMs per GPU per decode step, in TFLOP.")
     achieved_source: str
     share_of_peak_pct: float
     share_of_roofline_pct: float
@@ -196,6 +200,15 @@ def session_engine(record: m.Session) -> Engine | None:
     the model); None when it cannot be built here (its plugin is not installed, or its options are refused)."""
     try:
         return load_engine(record.engine, **record.settings.engine_options)
+    except PivotError:
+        return None
+
+
+def _plan_engine(target: m.Target) -> Engine | None:
+    """The engine a plan names, with default options, for how its flags split the model; None when it cannot be
+    built here."""
+    try:
+        return load_engine(target.engine)
     except PivotError:
         return None
 
@@ -344,7 +357,7 @@ class Roofline:
             shard = 1 if p.replicated else self.tp
             b = p.params * p.bytes_per_param / (shard * pp)
             f = batch * 2 * p.params / (shard * pp)
-            tflops = self.fit_tflops(p.dtype, max(batch, 1e-9), model.hidden_size / shard)
+            tflops, _ = self.achieved_tflops(p.dtype, max(batch, 1e-9), model.hidden_size / shard)
             dense_bytes += b
             dense_flops += f
             t_dense += max(b / self.bw, f / (tflops * 1e12)) if batch > 0 else 0.0
@@ -493,7 +506,9 @@ def analyze(
     roof = Roofline(model, hw, lay["tp"], lay["pp"], lay["ep"], kv_dtype, bench)
     telemetry = _telemetry_by_level(store, experiment_id)
     if profile is None:
-        profile = _recorded_profile(store, session_id, experiment_id)
+        profile, profiled_on = _recorded_profile(store, session_id, experiment_id)
+    else:
+        profiled_on = experiment_id
 
     analysis = Analysis(
         session_id=session_id,
@@ -535,7 +550,7 @@ def analyze(
     analysis.stops_scaling_at = stops.max_concurrency if stops else None
     findings.append(_scaling_finding(rows, stops))
     if profile is not None:
-        findings.append(_profile_finding(profile, ref))
+        findings.append(_profile_finding(profile, ref, None if profiled_on == experiment_id else profiled_on))
     category, evidence, secondary = _decide(roof, rows, ref, stops, failed_levels, profile, hw)
     analysis.bottleneck = category
     title = m.BOTTLENECK_TITLES[category]
@@ -573,22 +588,26 @@ def _level_roofline(
     completed = max(level.completed, 1)
     ctx = level.total_input_tokens / completed + level.total_output_tokens / completed / 2
     model = roof.model
+    # one set of numbers: every per-level figure is at the batch that actually decodes (running decodes), the
+    # batch the decode-step estimate uses, not at the nominal concurrency
+    step = roof.step(batch, ctx)
     if roof.moe:
-        rows_pe = roof.rows_per_expert(c)
-        gm, gn, gk = roof.rows_per_hit_expert(c), roof.expert_width, float(model.hidden_size)
+        rows_pe = roof.rows_per_expert(batch)
+        gm, gn, gk = roof.rows_per_hit_expert(batch), roof.expert_width, float(model.hidden_size)
         ai = roof.expert_intensity(gm)
         dtype = roof.expert_dtype
+        gemm_flops, gemm_s = step["expert_flops"] * roof.pp, step["expert_gemm_s"]
     else:
         rows_pe = None
-        gm, gn, gk = roof.dense_shape(c)
-        ai = roof.dense_intensity(c)
+        gm, gn, gk = roof.dense_shape(batch)
+        ai = roof.dense_intensity(batch)
         dtype = roof.dense_dtype
+        gemm_flops, gemm_s = step["dense_flops"] * roof.pp, step["dense_gemm_s"]
     ridge = roof.ridge(dtype)
     peak = hw.peak_tflops(dtype)
     roofline = min(peak, ai * roof.bw / 1e12)
-    achieved, achieved_source = roof.achieved_tflops(dtype, gm, gn)
-    achieved = min(achieved, roofline)
-    step = roof.step(batch, ctx)
+    _, achieved_source = roof.achieved_tflops(dtype, gm, gn)
+    achieved = gemm_flops / gemm_s / 1e12 if gemm_s > 0 else 0.0
     floor_ms = step["floor_s"] * 1000
     peak_out = level.max_output_tokens_per_s
     decode_ms = min(batch / peak_out * 1000, tpot_ms) if peak_out > 0 else tpot_ms
@@ -619,6 +638,7 @@ def _level_roofline(
         peak_tflops=peak,
         roofline_tflops=roofline,
         achieved_tflops=achieved,
+        gemm_tflop=gemm_flops / 1e12,
         achieved_source=achieved_source,
         share_of_peak_pct=100 * achieved / peak,
         share_of_roofline_pct=100 * achieved / roofline if roofline > 0 else 0.0,
@@ -690,7 +710,8 @@ def _level_finding(r: LevelRoofline, roof: Roofline) -> m.Finding:
     )
     kv = f"; KV pool {_n(r.kv_usage_pct)}% used" if r.kv_usage_pct is not None else ""
     text = (
-        f"Concurrency {c}: {shape}, {_n(r.arithmetic_intensity_flop_per_byte)} FLOP/byte "
+        f"Concurrency {c} (about {_n(r.running_decodes)} requests decoding at once): {shape}, "
+        f"{_n(r.arithmetic_intensity_flop_per_byte)} FLOP/byte "
         f"({r.gemm_bound}-bound, ridge {_n(r.ridge_flop_per_byte)}), about {_n(r.achieved_tflops)} TFLOPS "
         f"({_n(r.share_of_peak_pct, 1)}% of peak); TPOT {_n(r.mean_tpot_ms, 1)} ms is "
         f"{_n(r.tpot_over_floor, 1)}x the {_n(r.bandwidth_floor_ms, 1)} ms bandwidth floor{power}{kv}."
@@ -708,9 +729,12 @@ def _level_finding(r: LevelRoofline, roof: Roofline) -> m.Finding:
         "peak_tflops": r.peak_tflops,
         "roofline_tflops": r.roofline_tflops,
         "achieved_tflops": r.achieved_tflops,
+        "gemm_tflop": r.gemm_tflop,
         "share_of_peak_pct": r.share_of_peak_pct,
         "share_of_roofline_pct": r.share_of_roofline_pct,
         "step_bytes_gb": r.step_bytes_gb,
+        "bandwidth_gbs": roof.bw / GB,
+        **({"experts_per_token": roof.model.experts_per_token, "experts": roof.model.experts} if roof.moe else {}),
         "bandwidth_floor_ms": r.bandwidth_floor_ms,
         "mean_tpot_ms": r.mean_tpot_ms,
         "tpot_over_floor": r.tpot_over_floor,
@@ -735,8 +759,9 @@ def _level_finding(r: LevelRoofline, roof: Roofline) -> m.Finding:
         text,
         values,
         max_concurrency=c,
-        formula=f"{'rows per expert = concurrency x k / E, per expert hit = concurrency x k / E_hit; ' if roof.moe else ''}AI = 2 x FLOPs per weight byte with "
-        f"activations; achieved from {r.achieved_source}; floor = bytes per decode step / peak bandwidth",
+        formula=f"{'rows per expert hit = running decodes x k / E_hit; ' if roof.moe else 'M = running decodes; '}"
+        f"AI = 2 x FLOPs per weight byte with activations; TFLOPS = the step estimate's GEMM FLOPs / its GEMM time "
+        f"(GEMM efficiency from {r.achieved_source}); floor = GB per decode step / the {_n(roof.bw / GB)} GB/s peak bandwidth",
     )
 
 
@@ -791,10 +816,11 @@ def _scaling_finding(rows: list[LevelRoofline], stops: LevelRoofline | None) -> 
     )
 
 
-def _profile_finding(profile: m.ProfileSummary, ref: LevelRoofline) -> m.Finding:
+def _profile_finding(profile: m.ProfileSummary, ref: LevelRoofline, elsewhere: int | None = None) -> m.Finding:
     parts = sorted(profile.categories.items(), key=lambda kv: -kv[1].share)
     text = (
         f"Profile ({profile.source}"
+        + (f", on experiment {elsewhere}: the same configuration" if elsewhere is not None else "")
         + (f", concurrency {profile.max_concurrency}" if profile.max_concurrency else "")
         + "): "
         + ", ".join(f"{COMPONENT_TITLES.get(_PROFILE_COMPONENTS.get(k, k), k)} {_n(100 * c.share)}%" for k, c in parts)
@@ -802,6 +828,8 @@ def _profile_finding(profile: m.ProfileSummary, ref: LevelRoofline) -> m.Finding
     )
     values = {f"profile_{k}_share_pct": 100 * c.share for k, c in profile.categories.items()}
     values.update({f"profile_{k}_s": c.seconds for k, c in profile.categories.items()})
+    if elsewhere is not None:
+        values["profiled_experiment_id"] = elsewhere
     return _finding(
         "evidence",
         text,
@@ -811,8 +839,40 @@ def _profile_finding(profile: m.ProfileSummary, ref: LevelRoofline) -> m.Finding
     )
 
 
-def _recorded_profile(store: Store, session_id: str, experiment_id: int) -> m.ProfileSummary | None:
-    """A profile an earlier analysis of this experiment recorded (its shares survive re-analysis)."""
+def _recorded_profile(store: Store, session_id: str, experiment_id: int) -> tuple[m.ProfileSummary | None, int | None]:
+    """A profile an earlier analysis of this experiment recorded (its shares survive re-analysis); else the latest
+    profile of another experiment with the same configuration and workload (a profile item measures the best
+    configuration on a server of its own: that measurement is what the best configuration's root cause uses)."""
+    found, on = _profile_of(store, session_id, experiment_id)
+    if found is not None:
+        return found, on or experiment_id
+    this = store.get_experiment(experiment_id)
+    for other in reversed(store.experiments(session_id)):
+        if other.id != experiment_id and other.config == this.config and other.workload == this.workload:
+            found, on = _profile_of(store, session_id, other.id or 0)
+            if found is not None:
+                return found, on or other.id
+    return None, None
+
+
+def same_config_analysed(store: Store, session_id: str, experiment_id: int) -> list[int]:
+    """Other analysed experiments with the configuration and workload of `experiment_id` (their root cause should
+    use a profile measured on it)."""
+    this = store.get_experiment(experiment_id)
+    analysed = {f.experiment_id for f in store.findings(session_id, kind="bottleneck")}
+    return [
+        e.id
+        for e in store.experiments(session_id)
+        if e.id is not None
+        and e.id != experiment_id
+        and e.id in analysed
+        and e.config == this.config
+        and e.workload == this.workload
+    ]
+
+
+def _profile_of(store: Store, session_id: str, experiment_id: int) -> tuple[m.ProfileSummary | None, int | None]:
+    """The profile recorded with an experiment's analysis, and the experiment it was measured on."""
     for f in store.findings(session_id, experiment_id=experiment_id, kind="evidence"):
         shares = {
             k[len("profile_") : -len("_share_pct")]: v
@@ -825,8 +885,10 @@ def _recorded_profile(store: Store, session_id: str, experiment_id: int) -> m.Pr
                 for k, v in shares.items()
             }
             source = "simulated" if "(simulated" in f.text else "measured"
-            return m.ProfileSummary(source=source, categories=cats, max_concurrency=f.max_concurrency)
-    return None
+            on = f.values.get("profiled_experiment_id")
+            summary = m.ProfileSummary(source=source, categories=cats, max_concurrency=f.max_concurrency)
+            return summary, int(on) if on is not None else None
+    return None, None
 
 
 def _decide(
@@ -1002,7 +1064,9 @@ def _decide(
     else:
         largest = max(est, key=est.get)
         parts_text = ", ".join(
-            f"{COMPONENT_TITLES[k]} {_n(v)} ms" for k, v in sorted(est.items(), key=lambda kv: -kv[1]) if v >= 0.5
+            f"{COMPONENT_TITLES[k]} {_n(v)} ms ({_n(100 * v / gpu_ms)}%)"
+            for k, v in sorted(est.items(), key=lambda kv: -kv[1])
+            if v >= 0.5 and gpu_ms > 0
         )
         comp_line = _finding(
             "evidence",
@@ -1017,8 +1081,8 @@ def _decide(
                 "max_concurrency": c,
             },
             max_concurrency=c,
-            formula="component = max(bytes / peak bandwidth, FLOPs / achieved TFLOPS); all-reduce = latency + "
-            "2 (tp-1)/tp x payload / link bandwidth",
+            formula="component = max(bytes / peak bandwidth, FLOPs / achieved TFLOPS); share = component / their sum; "
+            "all-reduce = latency + 2 (tp-1)/tp x payload / link bandwidth",
         )
 
     power_line = None
@@ -1033,6 +1097,11 @@ def _decide(
             implies = "the GPUs run near their limit"
         elif ref.power_share_pct >= 100 * LOW_POWER_SHARE:
             implies = "the GPUs are busy but not at their limit"
+        elif distance >= 2.0:  # the step is far from its bandwidth floor: memory is not what they wait on
+            implies = (
+                f"neither the memory (the decode step is {_n(distance, 1)}x its bandwidth floor) nor the tensor cores "
+                f"({_n(ref.share_of_peak_pct, 1)}% of peak in the GEMMs) are saturated"
+            )
         elif largest in ("expert_gemm", "attention") or (largest == "dense_gemm" and ref.gemm_bound == "memory"):
             implies = "the SMs are waiting on memory, not computing"
         else:
@@ -1048,6 +1117,8 @@ def _decide(
                 "power_w_mean": ref.power_w_mean,
                 "power_limit_w": ref.power_limit_w or 0,
                 "max_concurrency": c,
+                "decode_step_over_floor": distance,
+                "share_of_peak_pct": ref.share_of_peak_pct,
                 **({"scaling_exponent": exp} if exp is not None else {}),
             },
             max_concurrency=c,
@@ -1067,10 +1138,12 @@ def _decide(
         lines = [
             _finding(
                 "evidence",
-                f"At concurrency {c} each expert sees {_n(rows_pe)} rows per decode step ({c} x "
-                f"{model.experts_per_token} / {model.experts}); {width}.",
+                f"At concurrency {c} about {_n(ref.running_decodes)} requests decode at once, so each expert sees "
+                f"{_rows(rows_pe)} rows per decode step ({_n(ref.running_decodes)} x {model.experts_per_token} / "
+                f"{model.experts}); {width}.",
                 {
                     "max_concurrency": c,
+                    "running_decodes": ref.running_decodes,
                     "rows_per_expert": rows_pe,
                     "experts_per_token": model.experts_per_token,
                     "experts": model.experts,
@@ -1078,11 +1151,11 @@ def _decide(
                 },
                 category=component_category,
                 max_concurrency=c,
-                formula="rows per expert = concurrency x experts per token / experts",
+                formula="rows per expert = running decodes x experts per token / experts",
             ),
             _finding(
                 "evidence",
-                f"That GEMM ({_n(rows_pe)} x {_n(ref.gemm_n)} x {_n(ref.gemm_k)}, {roof.expert_dtype}) does "
+                f"That GEMM ({_rows(rows_pe)} x {_n(ref.gemm_n)} x {_n(ref.gemm_k)}, {roof.expert_dtype}) does "
                 f"{_n(ref.arithmetic_intensity_flop_per_byte)} FLOP per byte, "
                 + (
                     f"below the ridge point of {_n(ref.ridge_flop_per_byte)}: memory-bound, capped at "
@@ -1090,9 +1163,12 @@ def _decide(
                     if memory_bound
                     else f"above the ridge point of {_n(ref.ridge_flop_per_byte)}: compute-bound"
                 )
-                + f"; it reaches about {_n(ref.achieved_tflops)} TFLOPS, {_n(ref.share_of_peak_pct, 1)}% of the "
-                f"{_n(ref.peak_tflops)} TFLOPS peak ({ref.achieved_source}).",
+                + f"; the estimate runs the expert GEMMs at about {_n(ref.achieved_tflops)} TFLOPS "
+                f"({_n(ref.gemm_tflop, 2)} TFLOP per GPU in {_n(ref.estimate_ms.get('expert_gemm', 0.0))} ms), "
+                f"{_n(ref.share_of_peak_pct, 1)}% of the {_n(ref.peak_tflops)} TFLOPS peak ({ref.achieved_source}).",
                 {
+                    "gemm_tflop": ref.gemm_tflop,
+                    "estimate_expert_gemm_ms": ref.estimate_ms.get("expert_gemm", 0.0),
                     "rows_per_expert": rows_pe,
                     "gemm_n": ref.gemm_n,
                     "gemm_k": ref.gemm_k,
@@ -1266,21 +1342,35 @@ def check_plan(session: SessionLike) -> list[m.Finding]:
     store, session_id = session.store, session.id
     record = store.get_session(session_id)
     plan = record.plan
-    target = plan.target
-    model = _model_profile(target)
-    hw = load_hardware(target.hardware)
-    base = target.base_config()
-    engine = session_engine(record)
-    lay = layout(base, engine=engine)
-    roof = Roofline(model, hw, lay["tp"], lay["pp"], lay["ep"], flag_value(base, "--kv-cache-dtype"))
-    top_c = max(plan.workload.concurrency)
-    out: list[m.Finding] = []
-    experiments = store.experiments(session_id)
     kv_levels = [
         f
         for f in store.findings(session_id, kind="level")
         if f.experiment_id is not None and "kv_usage_pct" in f.values
     ]
+    out = plan_claims(plan, store.experiments(session_id), kv_levels, engine=session_engine(record))
+    return store.replace_findings(session_id, None, out)
+
+
+def plan_claims(
+    plan: m.Plan,
+    experiments: Sequence[m.Experiment] = (),
+    kv_levels: Sequence[m.Finding] = (),
+    *,
+    engine: Engine | None = None,
+) -> list[m.Finding]:
+    """The plan checks of `check_plan`, on a plan alone (`pivot plan check`) or with a session's experiments (their
+    audits) and the KV usage its analyses measured; nothing is recorded. `engine` says how the flags split the
+    model (default: the plan's engine, when its plugin loads here)."""
+    target = plan.target
+    model = _model_profile(target)
+    hw = load_hardware(target.hardware)
+    base = target.base_config()
+    if engine is None:
+        engine = _plan_engine(target)
+    lay = layout(base, engine=engine)
+    roof = Roofline(model, hw, lay["tp"], lay["pp"], lay["ep"], flag_value(base, "--kv-cache-dtype"))
+    top_c = max(plan.workload.concurrency)
+    out: list[m.Finding] = []
 
     for item in plan.items:
         text = " ".join([item.title, item.hypothesis, item.expected_impact])
@@ -1355,8 +1445,8 @@ def check_plan(session: SessionLike) -> list[m.Finding]:
                     _finding(
                         "claim",
                         f"Item {item.id} quotes {_n(quoted)} rows per expert at concurrency {conc}: "
-                        f"{conc} x {model.experts_per_token} / {model.experts} = {_n(expect)}"
-                        + (", consistent." if ok else ", which does not match."),
+                        f"{conc} x {model.experts_per_token} / {model.experts} = {_n(expect)} if all {conc} requests "
+                        "decode at once" + (", consistent." if ok else ", which does not match."),
                         {
                             "rows_quoted": quoted,
                             "max_concurrency": conc,
@@ -1458,4 +1548,4 @@ def check_plan(session: SessionLike) -> list[m.Finding]:
                         )
                     )
             break
-    return store.replace_findings(session_id, None, out)
+    return out

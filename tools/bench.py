@@ -7,6 +7,7 @@ base (tools/method.py), so the verdict that follows rests on numbers the ledger 
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -184,6 +185,14 @@ def profile(ctx: RunContext[Session]) -> dict[str, Any]:
     live = _live(session)
     summary = live.deployment.profile(session.paths.session_state_dir(session.id) / "profiles")
     result = analyze(session, live.experiment_id, profile=summary)
+    from tools.analysis import same_config_analysed
+
+    for other in same_config_analysed(session.store, session.id, live.experiment_id or 0):
+        analyze(session, other)  # the best configuration's root cause now rests on this measured profile
+    from tools.analysis import check_plan
+
+    with contextlib.suppress(PivotError):  # a plan the checks cannot read stays unchecked
+        check_plan(session)  # with the KV usage this analysis measured
     shares = {k: round(v.share * 100, 1) for k, v in summary.categories.items()}
     session.emit(
         "tool_result",

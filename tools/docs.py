@@ -16,8 +16,8 @@ from agent import models as m
 from agent import reports
 from agent.errors import PivotError
 from agent.session import Session
-from tools.method import Judgement, Method
-from tools.server import REFUSAL_CLASS, audit_issues, proposed_config
+from tools.method import Judgement, Method, not_measured_text
+from tools.server import REFUSAL_CLASS, audit_issues, proposed_config, unmeasurable_item
 
 toolset: FunctionToolset[Session] = FunctionToolset(id="docs", max_retries=3)
 
@@ -54,6 +54,7 @@ def analyze(ctx: RunContext[Session], experiment_id: int | None = None) -> dict[
         result = run_analysis(ctx.deps, experiment_id)
     except PivotError as e:
         raise ModelRetry(f"{e.message}; {e.hint or ''}") from e
+    check_plan_quietly(ctx.deps)  # the plan checks read the KV usage the analysis measured: documents follow now
     ctx.deps.emit("tool_result", f"analysis of experiment {result.experiment_id}: {result.bottleneck or 'no verdict'}")
     return {
         "experiment_id": result.experiment_id,
@@ -103,6 +104,30 @@ def _rule_out_item(session: Session, method: Method, plan_item: str, reason: str
     )
 
 
+def _not_measured_item(session: Session, method: Method, plan_item: str, reason: str) -> m.Experiment:
+    """Record a plan item the engine cannot measure (it models none of the flags the item changes) as an
+    experiment that was never launched, with the verdict not_measured."""
+    for e in method.experiments:
+        if e.plan_item == plan_item and e.verdict == "not_measured" and method.run_count(e) == 0:
+            return e  # already recorded (a resumed run asks again)
+    try:
+        method.plan.item(plan_item)
+    except PivotError as err:
+        raise ModelRetry(f"{err.message}; {err.hint}") from err
+    e = unmeasurable_item(session, method, plan_item)
+    if e is None:
+        raise ModelRetry(
+            f"the engine models what item {plan_item} changes (or refuses its flags): audit it, launch it and measure it"
+        )
+    why = not_measured_text(method.unmodelled_change(e)[1])
+    text = reason.strip() if why in reason else f"{why}. {reason.strip()}".strip()
+    return session.store.add_experiment(
+        session.id,
+        e.model_copy(update={"status": "finished", "verdict": "not_measured", "reason": text,
+                             "finished_at": m.utcnow()}),
+    )  # fmt: skip
+
+
 @toolset.tool
 def record_verdict(
     ctx: RunContext[Session],
@@ -116,9 +141,11 @@ def record_verdict(
     verdict: baseline (the reference measurement) | adopted (beats the noise band: it becomes the best config) |
     no_gain (inside the noise) | regressed (worse beyond the noise) | crashed (failed to start or under load; say
     the classified reason) | ruled_out (not worth or not possible to run) | inconclusive | measured (a measurement
-    that changes nothing, such as the profile a profile item asks for).
+    that changes nothing, such as the profile a profile item asks for) | not_measured (the engine does not model
+    the flags the change touches, e.g. the twin and --enable-torch-compile: its numbers cannot show the change).
     Give `experiment_id`; to rule out a plan item whose flags the engine refuses, without launching it, give
-    `plan_item` and verdict ruled_out instead. The method is enforced: `adopted` needs a gain beyond the noise
+    `plan_item` and verdict ruled_out instead; for a plan item the engine does not model, `plan_item` and verdict
+    not_measured (no launch is spent on it). The method is enforced: `adopted` needs a gain beyond the noise
     band, a gain inside the band must be rerun before it is judged, and a verdict needs measurements.
     """
     session = ctx.deps
@@ -128,10 +155,15 @@ def record_verdict(
         raise ModelRetry("give the reason, with the measured numbers")
     if experiment_id is None:
         if plan_item is None:
-            raise ModelRetry("give experiment_id (or plan_item with verdict ruled_out)")
-        if verdict != "ruled_out":
-            raise ModelRetry("without an experiment only ruled_out can be recorded; launch and measure it first")
-        e = _rule_out_item(session, method, plan_item, reason)
+            raise ModelRetry("give experiment_id (or plan_item with verdict ruled_out or not_measured)")
+        if verdict not in ("ruled_out", "not_measured"):
+            raise ModelRetry(
+                "without an experiment only ruled_out or not_measured can be recorded; launch and measure it first"
+            )
+        if verdict == "ruled_out":
+            e = _rule_out_item(session, method, plan_item, reason)
+        else:
+            e = _not_measured_item(session, method, plan_item, reason)
         method = Method.read(store, session.id)
     else:
         found = method.experiment(experiment_id)
@@ -145,8 +177,12 @@ def record_verdict(
         raise ModelRetry(
             f"experiment {e.id} is the baseline: record it as baseline (or crashed), changes are judged against it"
         )
-    if verdict in ("adopted", "no_gain", "regressed") and j.suggestion in ("pending", "crashed", "ruled_out"):
+    if verdict in ("adopted", "no_gain", "regressed") and j.suggestion in (
+        "pending", "crashed", "ruled_out", "not_measured"
+    ):  # fmt: skip
         raise ModelRetry(f"experiment {e.id} cannot be judged {verdict}: {j.text}")
+    if verdict == "not_measured" and j.suggestion != "not_measured":
+        raise ModelRetry(f"experiment {e.id} was measured: the engine models what it changes ({j.text})")
     if verdict == "adopted" and j.suggestion not in ("adopted",):
         raise ModelRetry(
             f"not adopted: {j.text}. A change is adopted only beyond the {j.band_pct:.1f}% noise band"
@@ -164,11 +200,28 @@ def record_verdict(
         raise ModelRetry(f"experiment {e.id} did not regress: {j.text}")
     if verdict == "crashed" and j.suggestion != "crashed":
         raise ModelRetry(f"experiment {e.id} did not crash: {j.text}")
-    e = store.update_experiment(e.model_copy(update={"verdict": verdict, "reason": reason.strip()}))
-    session.emit("tool_result", f"experiment {e.id} ({e.plan_item or e.kind}): {verdict}: {reason.strip()}")
+    reason = reason.strip()
+    if verdict == "not_measured" and j.text not in reason:
+        reason = f"{j.text}. {reason}" if reason != j.text else reason
+    e = store.update_experiment(e.model_copy(update={"verdict": verdict, "reason": reason}))
+    session.emit("tool_result", f"experiment {e.id} ({e.plan_item or e.kind}): {verdict}: {reason}")
     return VerdictRecord(
         experiment_id=e.id or 0, plan_item=e.plan_item, verdict=verdict, reason=e.reason or "", judgement=j
     )
+
+
+def check_plan_quietly(session: Session) -> None:
+    """The plan checks (tools/analysis.py `check_plan`), recorded before a document or summary is written so an
+    item with a physics or direction error carries it before any launch; a plan the checks cannot read (no model
+    profile) is left unchecked, with a notice."""
+    from tools.analysis import check_plan
+
+    try:
+        check_plan(session)
+    except PivotError as e:
+        message = f"plan checks skipped: {e.message}"
+        if message not in session.notices:
+            session.notices.append(message)
 
 
 def _ref(session: Session, doc: m.Document, start: int) -> DocumentRef:
@@ -184,6 +237,7 @@ def write_improvement_doc(ctx: RunContext[Session], plan_item: str) -> DocumentR
     first experiment, and again after its verdict. A document edited by hand is left alone (a new version is
     written beside it)."""
     start = len(ctx.deps.notices)
+    check_plan_quietly(ctx.deps)  # from the first document on, before any launch (a few ms)
     try:
         doc = reports.write_improvement_doc(ctx.deps, plan_item)
     except PivotError as e:
@@ -210,6 +264,7 @@ def write_status_summary(ctx: RunContext[Session], question: str, options: list[
     session = ctx.deps
     start = len(session.notices)
     new = latest_status_is_asked(session)  # a summary written for a pivot that was never asked is rewritten
+    check_plan_quietly(session)
     try:
         doc = reports.write_status_summary(
             session, question.strip(), [o.strip() for o in options if o.strip()], new=new, html=True

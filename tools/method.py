@@ -9,7 +9,9 @@ one module, so an LLM and the built-in policy are held to the same rules:
 - the noise band is max(min_gain_pct, measured noise), where the measured noise is the spread
   (max - min) / mean of the baseline's runs at its judged level;
 - a change is adopted only when its gain beats the band; a gain inside the band is rerun (up to `reruns`
-  times) and then called no gain; a loss beyond the band is a regression; failed requests are a crash.
+  times) and then called no gain; a loss beyond the band is a regression; failed requests are a crash;
+- a change whose changed flags the engine does not model (a simulated engine: `Experiment.not_modelled`) is not
+  measured, whatever numbers the engine gave: its effect is not in them.
 
 At the end of the module, RULES is the method as the model reads it and as MethodGuard (a WrapperToolset around
 every toolset of the agent) enforces it, for every model: a call that breaks a rule is refused before its tool
@@ -34,7 +36,9 @@ from agent.session import Session
 from agent.store import Store
 
 REFUSED_FAILURES = ("unrecognized-argument", "ambiguous-argument", "argument-validation")
-Suggestion = Literal["baseline", "adopted", "no_gain", "regressed", "crashed", "ruled_out", "rerun", "pending"]
+Suggestion = Literal[
+    "baseline", "adopted", "no_gain", "regressed", "crashed", "ruled_out", "not_measured", "rerun", "pending"
+]
 
 
 class Judgement(BaseModel):
@@ -52,6 +56,9 @@ class Judgement(BaseModel):
     band_pct: float = Field(description="A change must beat this to be adopted: max(floor, measured noise).")
     failed_levels: list[int] = Field(default_factory=list)
     noop_flags: list[str] = Field(default_factory=list, description="Flags the engine accepts but never reads.")
+    not_modelled: list[str] = Field(
+        default_factory=list, description="Flags this change touches that the engine does not model (simulated)."
+    )
     text: str = Field(description="The comparison in one sentence, with its numbers: usable as a verdict's reason.")
 
 
@@ -144,6 +151,18 @@ def understood(options: list[str], plan: m.Plan) -> str:
 
 def _n(x: float) -> str:
     return f"{x:,.0f}"
+
+
+def _names(flags: list[str]) -> str:
+    return ", ".join(flags[:-1]) + f" and {flags[-1]}" if len(flags) > 1 else (flags[0] if flags else "")
+
+
+def not_measured_text(flags: list[str]) -> str:
+    """Why a change is not measured, and what would measure it."""
+    return (
+        f"not measured: the twin does not model {_names(flags)}, so its numbers cannot show what this change does; "
+        "measure it on a GPU (--engine sglang)"
+    )
 
 
 @dataclass
@@ -320,6 +339,21 @@ class Method:
 
     # ---- judging
 
+    def changed_flags(self, e: m.Experiment) -> list[str]:
+        """The flags `e` changes against its base (else the plan's base flags), as typed."""
+        base = self.experiment(e.base_experiment_id)
+        base_config = base.config if base is not None else self.plan.target.base_config()
+        return [c.name for c in e.config.diff(base_config).flags]
+
+    def unmodelled_change(self, e: m.Experiment) -> tuple[list[str], list[str]]:
+        """(changed flags, those of them the engine does not model) for a change; both empty for a baseline."""
+        if e.kind == "baseline":
+            return [], []
+        changed = self.changed_flags(e)
+        base = self.experiment(e.base_experiment_id)
+        unmodelled = set(e.not_modelled) | set(base.not_modelled if base is not None else [])
+        return changed, [f for f in changed if f in unmodelled]
+
     def judge(self, e: m.Experiment) -> Judgement:
         """`e` against its base, by the rules in the module docstring."""
         eid = e.id or 0
@@ -347,6 +381,10 @@ class Method:
         if e.status == "failed" and self.run_count(e) == 0:
             detail = f": {e.failure_detail}" if e.failure_detail else ""
             return Judgement(suggestion="crashed", text=f"did not start ({e.failure or 'failed'}){detail}", **common)
+        changed, unmodelled = self.unmodelled_change(e)
+        common["not_modelled"] = unmodelled
+        if changed and len(unmodelled) == len(changed):
+            return Judgement(suggestion="not_measured", text=not_measured_text(unmodelled), **common)
         after = self.ok_values(e)
         if not after:
             return Judgement(suggestion="pending", text="not measured yet", **common)
@@ -393,6 +431,11 @@ class Method:
             text += f", beyond the {band:.1f}% noise band ({why_band})"
         if noops:
             text += f"; {', '.join(noops)} {'is' if len(noops) == 1 else 'are'} accepted but read nowhere (no-op)"
+        if unmodelled:
+            text += (
+                f"; the twin does not model {_names(unmodelled)}, also changed: its effect is not in these numbers "
+                "(measure it on a GPU)"
+            )
         return Judgement(
             suggestion=suggestion,
             concurrency=c,
@@ -649,7 +692,9 @@ RULES: list[Rule] = [
         "plan_items for a combined step of several items), without extra flags; rerun an experiment with its "
         "experiment_id. The one exception: after an item crashed under load, retry it once capped, "
         "flags='--max-running-requests N' below the first level that failed. audit_flags first; if the engine "
-        "would refuse the flags, record_verdict with plan_item and verdict ruled_out, without launching. A code "
+        "would refuse the flags, record_verdict with plan_item and verdict ruled_out, without launching. If the "
+        "engine is simulated and does not model the flags the item changes, record_verdict with plan_item and "
+        "verdict not_measured, without launching (its numbers could not show the change: it needs a GPU). A code "
         "item is documented for the user; there is nothing to run.",
         _check_one_change,
     ),

@@ -107,6 +107,39 @@ def audit_issues(session: Session, config: m.ServerConfig) -> list[m.FlagIssue]:
     return session.engine_for(session.settings.seed).validate(config)
 
 
+def unmeasurable_item(session: Session, method: Method, plan_item: str) -> m.Experiment | None:
+    """The experiment a plan item would be, when the session's engine cannot measure it: every flag it changes is
+    one the engine does not model (a simulated engine) and the engine would start with it. None otherwise (a
+    real engine, a change the engine models in part or whole, flags it refuses, an item that is not a flag change).
+    Not recorded: `tools.docs` records it with the verdict not_measured, without a launch."""
+    item = _item(method.plan, plan_item)
+    if item.kind not in ("flag", "config") or item.workload:
+        return None
+    config = proposed_config(method, plan_item, None, None)
+    engine = session.engine_for(session.settings.seed)
+    unmodelled = engine.not_modelled(config)
+    if not unmodelled:
+        return None
+    best = method.best(item.workload_for(method.plan.workload))
+    e = m.Experiment(
+        plan_item=plan_item,
+        kind="change",
+        title=item.title,
+        hypothesis=item.hypothesis,
+        config=config,
+        base_experiment_id=best.id if best is not None else None,
+        workload=item.workload_for(method.plan.workload),
+        not_modelled=unmodelled,
+    )
+    changed, missing = method.unmodelled_change(e)
+    if not changed or len(missing) != len(changed):
+        return None
+    issues = engine.validate(config)
+    if any(i.blocking for i in issues):
+        return None
+    return e.model_copy(update={"audit": issues})
+
+
 @toolset.tool
 def audit_flags(
     ctx: RunContext[Session],
@@ -251,6 +284,7 @@ def _launch(session: Session, method: Method, e: m.Experiment) -> LaunchResult:
     runs = method.run_count(e)
     engine = session.engine_for(session.settings.seed + 100 * eid + runs)
     issues = engine.validate(e.config)
+    e = e.model_copy(update={"not_modelled": engine.not_modelled(e.config)})
     noops = [i.flag for i in issues if i.status == "noop"]
     common = {
         "experiment_id": eid,

@@ -171,13 +171,6 @@ def retry_text(content: Any) -> str:
 # ---------------------------------------------------------------------------------------------- the ledger
 
 
-def best_text(ok_levels: dict[int, m.BenchLevel]) -> str:
-    if not ok_levels:
-        return ""
-    c, level = max(ok_levels.items(), key=lambda kv: kv[1].output_throughput)
-    return f"{level.output_throughput:,.0f} @{c}"
-
-
 def board(store: Any, session_id: str) -> Board:
     """The session's todos, experiments (change, best output tok/s, verdict), open pivot and latest summary."""
     from agent.reports import Ledger
@@ -190,7 +183,7 @@ def board(store: Any, session_id: str) -> Board:
             id=str(e.id),
             item=e.plan_item or e.kind,
             change=short(ledger.change_text(e), 28),
-            best=best_text(ledger.ok_levels(e)),
+            best=ledger.figure_text(e),
             verdict=e.verdict or e.status,
         )
         for e in ledger.experiments

@@ -73,6 +73,10 @@ class CommandEngine(BaseEngine):
         self.ready_line, self.ready_timeout_s, self.stop_grace_s = ready_line, ready_timeout_s, stop_grace_s
         self.endpoint, self.backend, self.model = endpoint, backend, model
 
+    def not_modelled(self, config: m.ServerConfig) -> list[str]:
+        """A real server: every flag's effect is what it measures."""
+        return []
+
     def validate(self, config: m.ServerConfig) -> list[m.FlagIssue]:
         """Nothing is checked (no catalog for an arbitrary server): one ok row per flag saying so."""
         return [

@@ -160,6 +160,15 @@ class SGLangEngine(CatalogEngine):
 
         return audit_flags(config, version=version, sglang_source=source)
 
+    def not_modelled(self, config: m.ServerConfig) -> list[str]:
+        """Flags whose effect this engine does not reproduce: none for SGLang itself; for `sim-http` (the twin
+        behind SGLang's interface) the flags the twin does not model."""
+        if self.source != "simulated":
+            return []
+        from tools.engines.sim.twin import not_modelled_flags
+
+        return not_modelled_flags(config, self.version)
+
     def _address(self, config: m.ServerConfig) -> tuple[str, int, list[str]]:
         """Where the server will listen, and the flags to add so it does (only those the config does not set)."""
         host = port = None

@@ -54,7 +54,15 @@ class Calibration(_Profile):
     prefill_us_per_token: float = Field(
         ge=0, description="Per-token prefill work outside the GEMM roofline (attention and indexer, KV pages)."
     )
-    power_activity: float = Field(gt=0, le=1, description="Power above idle per unit of GPU activity.")
+    power_activity: float = Field(
+        gt=0, le=1, description="Power above idle per unit of activity (memory use + weighted tensor use)."
+    )
+    power_compute_weight: float = Field(
+        default=5.0,
+        gt=0,
+        description="The tensor cores at their peak rate draw this many times what the memory at its peak bandwidth "
+        "draws (activity = this x tensor use + memory use).",
+    )
 
     def gemm_efficiency(self, m: float, n: float) -> float:
         """Achieved / peak tensor throughput of a GEMM with m rows and output width n (the compute side)."""
@@ -235,7 +243,11 @@ def _load(kind: str, ref: str, model: type[BaseModel]) -> BaseModel:
         path = HERE / kind / f"{ref}.toml"
     if not path.is_file():
         known = ", ".join(names(kind)) or "none"
-        raise PivotError(f"no {kind[:-1]} profile {ref!r}", hint=f"shipped {kind} profiles: {known}")
+        what = {"models": "model", "hardware": "hardware"}.get(kind, kind)
+        raise PivotError(
+            f"no {what} profile {ref!r}; the {what} profiles that exist: {known}",
+            hint=f"a {what} profile is a TOML file in {HERE / kind} (the README's Profiles section)",
+        )
     try:
         return model.model_validate(tomllib.loads(path.read_text(encoding="utf-8")))
     except tomllib.TOMLDecodeError as e:

@@ -56,8 +56,14 @@ MoE layers, E routed experts, k experts per token, tp/pp/ep the parallel sizes. 
                                 outside the GEMM roofline (prefill attention and the DSA indexer, KV-page
                                 allocation), counted as attention; one chunk passes the stages in turn
 
-Power: idle + (TDP - idle) * [power_activity] * busy, where busy is the share of the step the
-tensor cores and memory are working (t_exp + t_dense + t_kv over the step time).
+Power, from the work the cost model itself puts on the GPU over a level of wall time W (per GPU):
+  tensor use                    u_t = sum over GEMMs and attention of FLOPs / peak(dtype) / W
+  memory use                    u_m = (weight bytes + KV bytes read) / memory_bandwidth / W
+  power                         P = idle + (TDP - idle) * min(1, [power_activity] * ([power_compute_weight] * u_t + u_m))
+[power_compute_weight] is what the tensor cores at their peak rate draw against the memory at its peak bandwidth.
+At a fixed configuration more load means more tokens, so more FLOPs per second; the weights read per second fall
+as steps lengthen, but by less than the weighted FLOPs rise (tests/test_twin.py checks that power never falls
+while throughput rises).
 """
 
 from __future__ import annotations
@@ -101,6 +107,8 @@ class StepCost:
     host_s: float = 0.0
     eager_s: float = 0.0
     busy_s: float = 0.0
+    tensor_s: float = 0.0  # FLOPs / peak FLOP rate: the step's work at the tensor cores' full rate
+    memory_s: float = 0.0  # bytes read / peak bandwidth: the step's traffic at the memory's full rate
 
     def breakdown(self) -> dict[str, float]:
         """Seconds by component: expert GEMMs, dense GEMMs, attention, communication, host overhead."""
@@ -202,7 +210,7 @@ class CostModel:
     def _stage(self, st: StageShape, rows: float, ctx_tokens: float, attn_flops: float) -> dict[str, float]:
         model, par, hw = self.model, self.par, self.hw
         out: dict[str, float] = {}
-        busy = 0.0
+        busy = tensor = traffic = 0.0
         if model.kind == "moe" and rows > 0:
             E, k = model.experts, model.experts_per_token
             hit = E * (1.0 - (1.0 - k / E) ** rows)
@@ -211,11 +219,12 @@ class CostModel:
             n = model.expert_ffn if par.ep > 1 else model.expert_ffn / par.tp
             w_bytes = st.moe_layers * hit * self.bytes_per_expert / shard
             flops = rows * k * 2 * model.expert_params * st.moe_layers / shard
-            t = max(
-                w_bytes / self.gemm_bw(n), flops / (hw.peak_tflops(self.expert_dtype) * 1e12 * self.efficiency(m, n))
-            )
+            peak = hw.peak_tflops(self.expert_dtype) * 1e12
+            t = max(w_bytes / self.gemm_bw(n), flops / (peak * self.efficiency(m, n)))
             out["expert_gemm"] = t
             busy += t
+            tensor += flops / peak
+            traffic += w_bytes
         t_dense = 0.0
         for p, share in zip(self._dense, st.dense_shares, strict=True):
             if rows <= 0 or share <= 0:
@@ -224,9 +233,10 @@ class CostModel:
             w_bytes = p.params * p.bytes_per_param * share / shard
             flops = rows * 2 * p.params * share / shard
             n = model.hidden_size / shard
-            t_dense += max(
-                w_bytes / self.gemm_bw(n), flops / (hw.peak_tflops(p.dtype) * 1e12 * self.efficiency(rows, n))
-            )
+            peak = hw.peak_tflops(p.dtype) * 1e12
+            t_dense += max(w_bytes / self.gemm_bw(n), flops / (peak * self.efficiency(rows, n)))
+            tensor += flops / peak
+            traffic += w_bytes
         out["dense_gemm"] = t_dense
         busy += t_dense
         kv_read = ctx_tokens * self.kv_bytes_per_token_per_gpu(st)
@@ -234,6 +244,8 @@ class CostModel:
         t_attn = max(kv_read / self.bw, attn / (hw.peak_tflops("bf16") * 1e12 * self.cal.gemm_efficiency_max))
         out["attention"] = t_attn
         busy += t_attn
+        tensor += attn / (hw.peak_tflops("bf16") * 1e12)
+        traffic += kv_read
         # communication
         t_comm = 0.0
         lat = hw.interconnect.latency_us * 1e-6
@@ -253,6 +265,8 @@ class CostModel:
             t_comm += lat + rows * model.hidden_size * 2 / self.link_bw
         out["communication"] = t_comm
         out["busy"] = busy
+        out["tensor"] = tensor
+        out["memory"] = traffic / (hw.memory_bandwidth_gbs * 1e9)
         return out
 
     def _combine(
@@ -277,6 +291,8 @@ class CostModel:
             host_s=max(0.0, total - computed - eager_s),  # time the GPU waited for the host (and for other stages)
             eager_s=eager_s,
             busy_s=mean("busy"),
+            tensor_s=mean("tensor"),
+            memory_s=mean("memory"),
         )
 
     def decode(self, batch: int, ctx_tokens: float) -> StepCost:
@@ -302,8 +318,9 @@ class CostModel:
         host = self.cal.host_ms_per_step * 1e-3 + self.cal.host_us_per_request * 1e-6 * requests
         return self._combine(stages, host, 0.0)
 
-    def power_w(self, busy_share: float) -> float:
-        """Mean power per GPU for a share of time the GPU was busy."""
-        hw = self.hw
-        share = min(max(busy_share, 0.0), 1.0)
-        return hw.idle_w + (hw.tdp_w - hw.idle_w) * self.cal.power_activity * share
+    def power_w(self, tensor_share: float, memory_share: float) -> float:
+        """Mean power per GPU from its tensor-core use (FLOPs at the peak rate / wall time) and its memory use
+        (bytes at the peak bandwidth / wall time), as the module docstring writes it."""
+        hw, cal = self.hw, self.cal
+        activity = cal.power_activity * (cal.power_compute_weight * max(tensor_share, 0.0) + max(memory_share, 0.0))
+        return hw.idle_w + (hw.tdp_w - hw.idle_w) * min(activity, 1.0)

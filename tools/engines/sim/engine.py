@@ -13,7 +13,7 @@ from tools.engines.base import CatalogEngine
 from tools.engines.catalog import CatalogError
 from tools.engines.sglang import FAILURE_RULES as SGLANG_FAILURE_RULES
 from tools.engines.sim.scheduler import LevelSimulation
-from tools.engines.sim.twin import Twin, TwinStartupError
+from tools.engines.sim.twin import Twin, TwinStartupError, not_modelled_flags
 
 VERSION = "0.5.23"
 
@@ -176,7 +176,8 @@ class SimEngine(CatalogEngine):
         return SimEngine(self.model_profile, self.hardware, self.gpus, self.noise, seed)
 
     def not_modelled(self, config: m.ServerConfig) -> list[str]:
-        return []
+        """The flags of `config` SGLang reads but the twin does not model: their effect is never simulated."""
+        return not_modelled_flags(config, VERSION)
 
     def launch(
         self, config: m.ServerConfig, log_path: Path, *, ledger: LedgerLink | None = None, force: bool = False

@@ -136,6 +136,8 @@ class EngineCore:
         self.sum_join = 0  # join_index over running requests
         self.sum_rem_join = 0  # output still owed at join, over running requests
         self.busy_s = 0.0
+        self.tensor_s = 0.0
+        self.memory_s = 0.0
         self.breakdown_s = {"expert_gemm": 0.0, "dense_gemm": 0.0, "attention": 0.0, "communication": 0.0,
                             "host_overhead": 0.0}  # fmt: skip
         self.max_usage = 0.0
@@ -176,6 +178,8 @@ class EngineCore:
         jitter = 1.0 + 0.5 * self.noise * float(self.rng.standard_normal()) if self.noise > 0 else 1.0
         scale = max(self.run_factor * jitter, 0.2)
         self.busy_s += cost.busy_s * scale
+        self.tensor_s += cost.tensor_s
+        self.memory_s += cost.memory_s
         for key, value in cost.breakdown().items():
             self.breakdown_s[key] += value * scale
         return cost.total_s * scale
@@ -315,6 +319,8 @@ class LevelSimulation:
     retractions: int
     fault: Fault | None = None
     fault_at_s: float | None = None
+    tensor_s: float = 0.0  # per GPU: the level's FLOPs at the tensor cores' peak rate
+    memory_s: float = 0.0  # per GPU: the level's bytes read at the memory's peak bandwidth
 
 
 def simulate_level(
@@ -411,6 +417,8 @@ def simulate_level(
     return LevelSimulation(
         records=records,
         busy_s=core.busy_s,
+        tensor_s=core.tensor_s,
+        memory_s=core.memory_s,
         wall_s=max(wall, 1e-9),
         breakdown_s=core.breakdown_s,
         max_token_usage=min(core.max_usage, 1.0),

@@ -224,7 +224,8 @@ class TwinServer:
         self._tp_window = (0.0, 0)  # (clock, decode tokens) at the last throughput window
         self._decode_tokens = 0
         self._next_log_wall = {"prefill": 0.0, "decode": 0.0}
-        self._recent: deque[tuple[float, float]] = deque()  # (simulated step end, busy seconds) for telemetry
+        # (simulated step end, busy, tensor and memory seconds) of recent steps, for telemetry
+        self._recent: deque[tuple[float, float, float, float]] = deque()
         self.profile: ProfileWindow | None = None
 
     # ---- clocks
@@ -334,7 +335,7 @@ class TwinServer:
             if not self._busy:
                 self._clock = self.sim_now()
                 self._busy = True
-            busy_before = core.busy_s
+            busy_before, tensor_before, memory_before = core.busy_s, core.tensor_s, core.memory_s
             step = core.step()
             if step is None:  # nothing can be admitted: wait for a change rather than spin
                 self._busy = False
@@ -356,9 +357,10 @@ class TwinServer:
                 self.wall_lag_s += late
                 self._sim_base, self._wall_base = self._clock, self._wall()
             await asyncio.sleep(max(-late, 0.0))  # yields to the handlers even when late
-            self._finish_step(step, got, core.busy_s - busy_before)
+            used = (core.busy_s - busy_before, core.tensor_s - tensor_before, core.memory_s - memory_before)
+            self._finish_step(step, got, used)
 
-    def _finish_step(self, step: Step, got: list[int], busy_s: float) -> None:
+    def _finish_step(self, step: Step, got: list[int], used: tuple[float, float, float]) -> None:
         t = self._clock
         for rid in got:
             s = self.streams.get(rid)
@@ -382,7 +384,7 @@ class TwinServer:
             self.requests_total += 1
             self.prompt_tokens_total += s.prompt_tokens
             self.e2e.observe(t - s.arrived_s)
-        self._recent.append((t, busy_s))
+        self._recent.append((t, *used))
         while self._recent and self._recent[0][0] < t - 10 * TELEMETRY_WINDOW_S:
             self._recent.popleft()
         if step.kind == "decode":
@@ -820,11 +822,13 @@ class TwinServer:
         """Simulated per-GPU telemetry: power over the last `window_s` simulated seconds, energy since ready."""
         now = self.sim_now()
         window_s = max(min(window_s, now), 1e-9) if now > 0 else 1e-9
-        busy = sum(b for t, b in self._recent if t > now - window_s)
+        recent = [u for u in self._recent if u[0] > now - window_s]
+        busy, tensor, memory = (sum(u[i] for u in recent) for i in (1, 2, 3))
         share = min(busy / window_s, 1.0) if now > 0 else 0.0
         cost, hw, r = self.twin.cost, self.twin.hw, self.twin.resolved
-        power = cost.power_w(share)
-        energy = cost.power_w(self.core.busy_s / now) * now if now > 0 else 0.0
+        power = cost.power_w(tensor / window_s, memory / window_s) if now > 0 else hw.idle_w
+        core = self.core
+        energy = cost.power_w(core.tensor_s / now, core.memory_s / now) * now if now > 0 else 0.0
         mem_mib = (r["weights_gib_per_gpu"] + r["kv_pool_gib_per_gpu"]) * 1024
         gpu = {
             "name": hw.title,

@@ -66,6 +66,22 @@ def _parse(config: m.ServerConfig, version: str) -> tuple[dict[str, Any], list[s
     return parsed.values, list(dict.fromkeys(given)), list(dict.fromkeys(no_effect)), parsed.warnings
 
 
+def not_modelled_flags(config: m.ServerConfig, version: str = "0.5.23") -> list[str]:
+    """The flags of `config`, as typed, that SGLang reads but the twin does not model: a change of them alone leaves
+    the twin's numbers as they were, so the twin cannot measure it. Flags SGLang refuses, and flags SGLang itself
+    reads nowhere (no-ops: the twin's "no change" is right for them), are not in the list."""
+    from tools.engines.catalog import load_catalog
+
+    catalog = load_catalog("sglang", version)
+    out: list[str] = []
+    for flag in config.flags:
+        spec = catalog.resolve(flag.name)
+        if isinstance(spec, str) or spec.dest in MODELLED or catalog.noop_note(spec) is not None:
+            continue
+        out.append(flag.name)
+    return list(dict.fromkeys(out))
+
+
 @dataclass
 class Twin:
     """One simulated SGLang server: model, hardware, resolved flags, cost model and scheduler limits."""
@@ -262,6 +278,10 @@ class Twin:
             ignore_eos=spec.ignore_eos,
         )
 
+    def power_w(self, sim: LevelSimulation) -> float:
+        """Mean power per GPU over a simulated level, from its tensor-core and memory use (costmodel.power_w)."""
+        return self.cost.power_w(sim.tensor_s / sim.wall_s, sim.memory_s / sim.wall_s)
+
     def level(self, spec: m.BenchSpec, sim: LevelSimulation, concurrency: int) -> m.BenchLevel:
         """The simulated level in bench_serving's keys, plus mean_gpu_power_w and max_token_usage."""
         level = compute_level(
@@ -276,13 +296,13 @@ class Twin:
         )
         return m.BenchLevel(
             **level.model_dump(),
-            mean_gpu_power_w=round(self.cost.power_w(sim.busy_s / sim.wall_s), 1),
+            mean_gpu_power_w=round(self.power_w(sim), 1),
             max_token_usage=round(sim.max_token_usage, 4),
         )
 
     def telemetry(self, sim: LevelSimulation, concurrency: int) -> m.Telemetry:
         """Simulated per-GPU telemetry for a level (every GPU of the layout alike)."""
-        power = self.cost.power_w(sim.busy_s / sim.wall_s)
+        power = self.power_w(sim)
         busy = min(sim.busy_s / sim.wall_s, 1.0)
         gpu = {
             "name": self.hw.title,
