@@ -16,6 +16,7 @@ from agent import models as m
 from agent import reports
 from agent.errors import PivotError
 from agent.session import Session
+from tools import search
 from tools.method import Judgement, Method
 from tools.server import REFUSAL_CLASS, audit_issues, proposed_config
 
@@ -67,7 +68,8 @@ def analyze(ctx: RunContext[Session], experiment_id: int | None = None) -> dict[
 
 
 def _rule_out_item(session: Session, method: Method, plan_item: str, reason: str) -> m.Experiment:
-    """Record a plan item the engine refuses as an experiment that never started, with its audit."""
+    """Record a plan item that is not launched as an experiment that never started, with its audit: the engine
+    refuses its flags, or every flag it sets is a no-op in this engine version (accepted, read nowhere)."""
     for e in method.experiments:
         if e.plan_item == plan_item and e.verdict == "ruled_out" and method.run_count(e) == 0:
             return e  # already recorded (a resumed run asks again)
@@ -78,7 +80,8 @@ def _rule_out_item(session: Session, method: Method, plan_item: str, reason: str
     config = proposed_config(method, plan_item, None, None)
     issues = audit_issues(session, config)
     blocking = [i for i in issues if i.blocking]
-    if not blocking:
+    noop = search.noop_reason([i for i in issues if i.flag in (item.flags.names() if item.flags else [])], item)
+    if not blocking and noop is None:
         raise ModelRetry(
             f"item {plan_item}'s flags pass the audit ({config}): launch it and measure before ruling it out"
         )
@@ -93,11 +96,57 @@ def _rule_out_item(session: Session, method: Method, plan_item: str, reason: str
             config=config,
             base_experiment_id=best.id if best is not None else None,
             workload=item.workload_for(method.plan.workload),
-            status="failed",
+            status="failed" if blocking else "planned",
             verdict="ruled_out",
             reason=reason,
             audit=issues,
-            failure=REFUSAL_CLASS.get(blocking[0].status, "argument-validation"),
+            failure=REFUSAL_CLASS.get(blocking[0].status, "argument-validation") if blocking else None,
+            finished_at=m.utcnow(),
+        ),
+    )
+
+
+def _predicted_item(session: Session, method: Method, plan_item: str, reason: str) -> m.Experiment:
+    """Record a plan item that is not launched because the corrected twin predicts it inside the noise band (or a
+    loss): an experiment that never started, with the prediction; a prediction, never a measurement."""
+    try:
+        item = method.plan.item(plan_item)
+    except PivotError as e:
+        raise ModelRetry(f"{e.message}; {e.hint}") from e
+    best = method.best()
+    for e in method.experiments:
+        if (
+            plan_item in e.plan_items
+            and e.verdict == "predicted"
+            and best is not None
+            and e.base_experiment_id == best.id
+        ):
+            return e  # already recorded on this best (a resumed run asks again)
+    est = search.Surrogate(method).estimate((plan_item,))
+    band = method.band_pct()
+    if est.source != "twin" or not (est.crash or (est.change_pct is not None and est.change_pct < band)):
+        raise ModelRetry(
+            f"item {plan_item} cannot be recorded as predicted: {est.note or 'no prediction'}; launch it and measure"
+        )
+    text = reason.strip()
+    if "prediction" not in text.lower():
+        text += " (a prediction, not a measurement)"
+    return session.store.add_experiment(
+        session.id,
+        m.Experiment(
+            plan_item=plan_item,
+            kind="change",
+            title=item.title,
+            hypothesis=item.hypothesis,
+            config=est.config,
+            base_experiment_id=best.id if best is not None else None,
+            workload=method.plan.workload,
+            status="planned",
+            verdict="predicted",
+            reason=text,
+            predicted_tok_s=est.tok_s,
+            predicted_change_pct=est.change_pct,
+            prediction=est.note,
             finished_at=m.utcnow(),
         ),
     )
@@ -116,9 +165,11 @@ def record_verdict(
     verdict: baseline (the reference measurement) | adopted (beats the noise band: it becomes the best config) |
     no_gain (inside the noise) | regressed (worse beyond the noise) | crashed (failed to start or under load; say
     the classified reason) | ruled_out (not worth or not possible to run) | inconclusive | measured (a measurement
-    that changes nothing, such as the profile a profile item asks for).
-    Give `experiment_id`; to rule out a plan item whose flags the engine refuses, without launching it, give
-    `plan_item` and verdict ruled_out instead. The method is enforced: `adopted` needs a gain beyond the noise
+    that changes nothing, such as the profile a profile item asks for) | predicted (not launched: the twin,
+    corrected to this campaign's measurements, predicts it inside the noise band or at a loss).
+    Give `experiment_id`; to rule out a plan item whose flags the engine refuses or ignores (every flag a no-op),
+    without launching it, give `plan_item` and verdict ruled_out instead; to skip an item the twin predicts inside
+    the noise, give `plan_item` and verdict predicted (the prediction is checked and recorded). The method is enforced: `adopted` needs a gain beyond the noise
     band, a gain inside the band must be rerun before it is judged, and a verdict needs measurements.
     """
     session = ctx.deps
@@ -129,9 +180,14 @@ def record_verdict(
     if experiment_id is None:
         if plan_item is None:
             raise ModelRetry("give experiment_id (or plan_item with verdict ruled_out)")
-        if verdict != "ruled_out":
-            raise ModelRetry("without an experiment only ruled_out can be recorded; launch and measure it first")
-        e = _rule_out_item(session, method, plan_item, reason)
+        if verdict not in ("ruled_out", "predicted"):
+            raise ModelRetry(
+                "without an experiment only ruled_out or predicted can be recorded; launch and measure it first"
+            )
+        if verdict == "predicted":
+            e = _predicted_item(session, method, plan_item, reason)
+        else:
+            e = _rule_out_item(session, method, plan_item, reason)
         method = Method.read(store, session.id)
     else:
         found = method.experiment(experiment_id)
@@ -139,6 +195,13 @@ def record_verdict(
             raise ModelRetry(f"no experiment {experiment_id} in this session")
         e = found
     j = method.judge(e)
+    if verdict == "predicted" and (experiment_id is not None or e.verdict != "predicted"):
+        raise ModelRetry("predicted is for an item not launched: give plan_item, not an experiment")
+    if verdict == "predicted":
+        session.emit("tool_result", f"item {plan_item}: predicted, not launched: {e.reason}")
+        return VerdictRecord(
+            experiment_id=e.id or 0, plan_item=e.plan_item, verdict=verdict, reason=e.reason or "", judgement=j
+        )
     if verdict == "baseline" and e.kind != "baseline":
         raise ModelRetry(f"experiment {e.id} is a {e.kind}, not a baseline")
     if e.kind == "baseline" and verdict not in ("baseline", "crashed", "ruled_out", "inconclusive"):
