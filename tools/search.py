@@ -10,7 +10,8 @@ taken against the best configuration's measured mean. Candidates are:
 - retests: an item that gave no gain (or lost) on an older best, predicted beyond the noise band on the new one
   (at most RETESTS launches more per item);
 - combined steps: pairs, and triples grown from the best pairs, of items that interact (at least one of them does
-  not pay alone, and each adds at least MEMBER_MIN_PCT given the others), launched as ONE experiment naming every
+  not pay alone, and each adds at least MEMBER_MIN_PCT given the others), and the bundle of small gains that add up
+  (items each predicted to add at least BUNDLE_MIN_PCT, grown one at a time), launched as ONE experiment naming every
   item it combines.
 
 They are ranked by predicted gain; an item whose flags the twin does not model is ranked by the plan's expected
@@ -36,6 +37,7 @@ from tools.method import Decision, Method
 
 MEMBER_MIN_PCT = 1.0  # each item of a combined step adds at least this much (predicted) given the others
 TRIPLE_SEEDS = 4  # the best pairs grow into triples
+BUNDLE_MIN_PCT = 0.2  # an item joins the bundle of small gains when it adds at least this much (predicted)
 RETESTS = 1  # launches an item gets beyond its first, on a newer best
 SEARCH_KINDS = ("flag", "config")
 RETEST_VERDICTS = ("no_gain", "regressed", "predicted")
@@ -302,9 +304,12 @@ def pool(method: Method, d: Decision) -> tuple[list[m.PlanItem], list[m.PlanItem
             fresh.append(item)
             continue
         last = method.final(item)[-1]
+        if last.verdict == "predicted":  # never launched: it stays a candidate (alone or in a combination)
+            again.append(item)
+            continue
         if last.verdict not in RETEST_VERDICTS or best is None or last.base_experiment_id == best.id:
             continue
-        if last.verdict != "predicted" and launches(method, item.id) > RETESTS:
+        if launches(method, item.id) > RETESTS:
             continue
         if item.apply(method.best_config()) == method.best_config():
             continue
@@ -337,7 +342,7 @@ def candidates(method: Method, d: Decision, surrogate: Surrogate | None = None) 
         out.append(Candidate((it.id,), est, kind, {it.id: est.change_pct}, why))
     modelled = [it.id for it in items if alone[it.id].source == "twin" and not alone[it.id].crash]
 
-    def combo(ids: tuple[str, ...]) -> Candidate | None:
+    def combo(ids: tuple[str, ...], member_min: float = MEMBER_MIN_PCT) -> Candidate | None:
         est = sur.estimate(ids)
         if est.source != "twin" or est.crash or est.change_pct is None:
             return None
@@ -345,7 +350,7 @@ def candidates(method: Method, d: Decision, surrogate: Surrogate | None = None) 
         for i in ids:  # no passenger: each item adds its share given the others
             rest = tuple(x for x in ids if x != i)
             without = sur.estimate(rest).change_pct if len(rest) > 1 else alone[rest[0]].change_pct
-            if without is None or est.change_pct - without < MEMBER_MIN_PCT:
+            if without is None or est.change_pct - without < member_min:
                 return None
         parts = ", ".join(f"{i} alone {_pct(v or 0)}" for i, v in solo.items())
         why = f"{' + '.join(ids)} together: {est.note}; {parts}"
@@ -362,7 +367,25 @@ def candidates(method: Method, d: Decision, surrogate: Surrogate | None = None) 
                 c = combo(key)
                 if c is not None:
                     triples[key] = c
-    for c in [*pairs, *triples.values()]:
+    # small gains that add up: every item predicted to gain a little, grown one at a time while each adds its share
+    small = sorted(
+        (i for i in modelled if (alone[i].change_pct or 0) >= BUNDLE_MIN_PCT),
+        key=lambda i: -(alone[i].change_pct or 0),
+    )
+    bundle: tuple[str, ...] = ()
+    gain = 0.0
+    for i in small:
+        grown = tuple(sorted((*bundle, i), key=plan.item_ids().index))
+        est = sur.estimate(grown) if len(grown) > 1 else alone[i]
+        if est.change_pct is not None and not est.crash and est.change_pct >= gain + BUNDLE_MIN_PCT:
+            bundle, gain = grown, est.change_pct
+    bundles = []
+    if len(bundle) > 1 and bundle not in triples and bundle not in {c.items for c in pairs}:
+        c = combo(bundle, BUNDLE_MIN_PCT)
+        if c is not None:
+            c.why = f"small gains that add up: {c.why}"
+            bundles.append(c)
+    for c in [*pairs, *triples.values(), *bundles]:
         # a combined step is for items that interact: one of them does not pay alone
         if any(v is None or v < band for v in c.alone.values()):
             out.append(c)
