@@ -380,7 +380,7 @@ def candidates(method: Method, d: Decision, surrogate: Surrogate | None = None) 
         if est.change_pct is not None and not est.crash and est.change_pct >= gain + BUNDLE_MIN_PCT:
             bundle, gain = grown, est.change_pct
     bundles = []
-    if len(bundle) > 1 and bundle not in triples and bundle not in {c.items for c in pairs}:
+    if len(bundle) > 1 and gain >= band and bundle not in triples and bundle not in {c.items for c in pairs}:
         c = combo(bundle, BUNDLE_MIN_PCT)
         if c is not None:
             c.why = f"small gains that add up: {c.why}"
