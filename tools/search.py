@@ -57,7 +57,8 @@ class TwinReading:
     no_effect: tuple[str, ...] = ()
 
 
-_CACHE: dict[tuple, tuple[float | None, bool]] = {}
+_CACHE: dict[tuple, tuple[float | None, bool]] = {}  # by what the twin resolves: one simulation per configuration
+_READINGS: dict[tuple, TwinReading] = {}  # by command line: no second build of the same twin
 _SIMULATIONS = [0]  # how many levels were simulated (not answered from the cache): for tests and benchmarks
 
 
@@ -69,12 +70,32 @@ def twin_reading(
     model_profile: str | None, hardware: str, gpus: int, config: m.ServerConfig, spec: m.BenchSpec, level: int
 ) -> TwinReading:
     """The twin's output tok/s for `config` at `level` of `spec` (no noise), from the cache when it has it."""
+
+    if not model_profile:
+        return TwinReading(None, error="the plan names no model profile")
+    outer = (
+        model_profile,
+        hardware,
+        gpus,
+        str(config),
+        tuple(config.env.items()) if config.env else (),
+        spec.workload_key(),
+        level,
+    )
+    if outer in _READINGS:
+        return _READINGS[outer]
+    reading = _reading(model_profile, hardware, gpus, config, spec, level)
+    _READINGS[outer] = reading
+    return reading
+
+
+def _reading(
+    model_profile: str, hardware: str, gpus: int, config: m.ServerConfig, spec: m.BenchSpec, level: int
+) -> TwinReading:
     from agent.errors import PivotError
     from tools.engines.catalog import CatalogError
     from tools.engines.sim.twin import Twin
 
-    if not model_profile:
-        return TwinReading(None, error="the plan names no model profile")
     try:
         twin = Twin.build(model_profile, hardware, gpus, config)
     except CatalogError as e:
@@ -452,10 +473,16 @@ def next_step(method: Method, d: Decision, validate) -> Step | None:
                 if est.known
                 else "a crash under load"
             )
+            noops = [i.flag for i in item_issues(method, validate, item) if i.status == "noop"]
+            noop = (
+                f" ({', '.join(noops)} {'is' if len(noops) == 1 else 'are'} accepted but read nowhere: no-op)"
+                if noops
+                else ""
+            )
             return Step(
                 "predicted",
                 (item.id,),
-                f"not launched: predicted {what}: {est.note}. A prediction, not a measurement; "
+                f"not launched: predicted {what}: {est.note}{noop}. A prediction, not a measurement; "
                 "name the item at a pivot to measure it",
                 Candidate((item.id,), est, "single", {item.id: est.change_pct}),
             )
@@ -510,7 +537,7 @@ def options(method: Method, d: Decision, validate, limit: int = 3) -> list[tuple
         ranked = candidates(method, d)
     except Exception:
         return []
-    worth = [c for c in ranked if c.estimate.source == "plan" or c.gain > 0]
+    worth = [c for c in ranked if c.estimate.source == "plan" or c.gain >= 0.1]
     return [option_text(method, c) for c in worth[:limit]]
 
 
@@ -521,7 +548,7 @@ def launchable(method: Method, d: Decision, validate) -> list[tuple[str, str]]:
 
 
 def _worth(method: Method, d: Decision) -> list[Candidate]:
-    return [c for c in candidates(method, d) if c.estimate.source == "plan" or c.gain > 0]
+    return [c for c in candidates(method, d) if c.estimate.source == "plan" or c.gain >= 0.1]
 
 
 def option_text(method: Method, c: Candidate) -> tuple[str, str]:
