@@ -332,3 +332,17 @@ def test_retry_option_after_a_crash_under_load(store, paths, fake_twin) -> None:
         "plan_item": "07",
         "flags": "--max-running-requests 256",
     }
+
+
+def test_search_candidates_tool_gives_predictions_and_the_band(store, paths, fake_twin) -> None:
+    from types import SimpleNamespace
+
+    from tools.docs import search_candidates
+
+    s = session_for(store, paths, make_plan(["01", "02", "08"]))
+    baseline(store, s)
+    out = search_candidates(SimpleNamespace(deps=s), limit=3)
+    assert out["band_pct"] == pytest.approx(3.0)
+    first = out["candidates"][0]
+    assert first["plan_items"] == ["01", "02"] and first["kind"] == "combined" and first["source"] == "twin"
+    assert first["predicted_change_pct"] == pytest.approx(16.0, abs=0.1)

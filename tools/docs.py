@@ -234,6 +234,41 @@ def record_verdict(
     )
 
 
+class CandidateView(BaseModel):
+    """One step the search could take next, with the corrected twin's prediction."""
+
+    plan_items: list[str] = Field(description="Launch them together: launch_server(plan_items=...) or plan_item=.")
+    kind: str = Field(description="single, combined (items that interact, one experiment) or retest.")
+    predicted_change_pct: float | None = Field(description="Against the best's measured mean; None: unknown.")
+    source: str = Field(description="twin (corrected to this campaign) or plan (the plan's expected impact).")
+    why: str
+
+
+@toolset.tool
+def search_candidates(ctx: RunContext[Session], limit: int = 8) -> dict[str, Any]:
+    """The search's candidates in the tiers opened so far, best predicted gain first: single items, retests and
+    combined steps of items that interact, each with the digital twin's prediction corrected to this campaign's
+    measurements (a prediction, not a measurement), and the noise band a launch must beat. Launch the first one whose
+    prediction beats the band; an item predicted inside the band can be recorded with verdict predicted instead."""
+    from tools import search
+
+    method = Method.read(ctx.deps.store, ctx.deps.id)
+    ranked = search.candidates(method, method.decision())
+    return {
+        "band_pct": method.band_pct(),
+        "candidates": [
+            CandidateView(
+                plan_items=list(c.items),
+                kind=c.kind,
+                predicted_change_pct=c.estimate.change_pct,
+                source=c.estimate.source,
+                why=c.why,
+            ).model_dump()
+            for c in ranked[: max(1, limit)]
+        ],
+    }
+
+
 def _ref(session: Session, doc: m.Document, start: int) -> DocumentRef:
     return DocumentRef(
         path=doc.path, title=doc.title, status=doc.status, number=doc.number, notices=session.notices[start:]
