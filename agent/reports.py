@@ -894,7 +894,11 @@ def render_status(ledger: Ledger, number: int, question: str | None, options: Se
         for i, (item, _) in enumerate(steps, start=1):
             tier = plan.tiers.get(item.tier, f"tier {item.tier}")
             who = "a code change for you to make" if item.kind == "code" else item.kind
-            out.append(f"{i}. **{item.id} {item.title}** ({tier}; {who}). Expected: {item.expected_impact.strip()}")
+            line = f"{i}. **{item.id} {item.title}** ({tier}; {who}). Expected: {item.expected_impact.strip()}"
+            predicted = [e for e in ledger.item_experiments(item.id) if e.verdict == "predicted"]
+            if predicted and prediction_text(predicted[-1]):
+                line += f" Not launched: the twin {prediction_text(predicted[-1])} (experiment #{predicted[-1].id})."
+            out.append(line)
         out += [
             "",
             "Ranked by the midpoint of each item's expected range, as the plan states it; items without a number last.",

@@ -346,3 +346,30 @@ def test_search_candidates_tool_gives_predictions_and_the_band(store, paths, fak
     first = out["candidates"][0]
     assert first["plan_items"] == ["01", "02"] and first["kind"] == "combined" and first["source"] == "twin"
     assert first["predicted_change_pct"] == pytest.approx(16.0, abs=0.1)
+
+
+def test_reports_name_every_item_of_a_combined_step_and_the_predictions(store, paths, fake_twin) -> None:
+    from agent import reports
+    from tools.docs import _predicted_item
+
+    plan = make_plan(["01", "02", "08"])
+    s = session_for(store, paths, plan)
+    base = baseline(store, s)
+    config = plan.item("02").apply(plan.item("01").apply(base.config))
+    both = add(store, s, ["01", "02"], config, base, predicted_change_pct=16.0, prediction="the twin predicts 1,160")
+    measure(store, s, both, 1158, 1162)
+    store.update_experiment(store.get_experiment(both.id).model_copy(update={"verdict": "adopted", "reason": "r"}))
+    _predicted_item(s, Method.read(store, s.id), "08", "not launched: predicted +0.4%")
+    ledger = reports.Ledger.read(store, s.id)
+    text = reports.render_status(ledger, 1, "q?", ["stop"]).markdown
+    row = next(line for line in text.splitlines() if line.startswith(f"| #{both.id} "))
+    assert "| 01+02 |" in row and "[predicted +16.0%]" in row and "adopted" in row
+    assert "one experiment that combined those items" in text
+    predicted_row = next(line for line in text.splitlines() if "| 08 |" in line)
+    assert "not launched" in predicted_row and "predicted +0.4%" in predicted_row
+    assert "Not launched: the twin predicted +0.4%" in text  # Next steps says why 08 waits
+    doc, _, _ = reports.render_improvement(ledger, plan.item("02"))
+    assert "together with 01 Raise the running cap as one step (01+02)" in doc
+    assert "Before the launch, the search's prediction: the twin predicts 1,160" in doc
+    doc8, status8, _ = reports.render_improvement(ledger, plan.item("08"))
+    assert status8.startswith("not launched") and "prediction, not a measurement" in doc8
