@@ -44,7 +44,7 @@ VERDICT_WORDS = {
     "ruled_out": "ruled out",
     "inconclusive": "inconclusive",
     "measured": "measured (not a change)",
-    "predicted": "not launched (predicted inside the noise)",
+    "predicted": "not launched (the twin predicts no gain)",
     None: "not judged",
 }
 CHANGE_FORMULA = "change = (after - before) / before x 100, per level"

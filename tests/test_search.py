@@ -373,3 +373,18 @@ def test_reports_name_every_item_of_a_combined_step_and_the_predictions(store, p
     assert "Before the launch, the search's prediction: the twin predicts 1,160" in doc
     doc8, status8, _ = reports.render_improvement(ledger, plan.item("08"))
     assert status8.startswith("not launched") and "prediction, not a measurement" in doc8
+
+
+def test_an_item_the_twin_says_would_not_start_is_not_launched(store, paths, monkeypatch) -> None:
+    def reading(model_profile, hardware, gpus, config, spec, level):
+        if "--mem-fraction-static 0.9" in str(config):
+            return search.TwinReading(None, crashed=True, error="the server would not start: out of memory")
+        return search.TwinReading(fake_tok(config))
+
+    monkeypatch.setattr(search, "twin_reading", reading)
+    s = session_for(store, paths, make_plan(["02"]))
+    baseline(store, s)
+    method = Method.read(store, s.id)
+    step = search.next_step(method, method.decision(), validate)
+    assert step is not None and step.action == "predicted" and step.items == ("02",)
+    assert "predicted a crash" in step.reason and "would not start: out of memory" in step.reason

@@ -94,13 +94,15 @@ def _reading(
 ) -> TwinReading:
     from agent.errors import PivotError
     from tools.engines.catalog import CatalogError
-    from tools.engines.sim.twin import Twin
+    from tools.engines.sim.twin import Twin, TwinStartupError
 
     try:
         twin = Twin.build(model_profile, hardware, gpus, config)
     except CatalogError as e:
         return TwinReading(None, error=f"SGLang would refuse the flags: {e.message}")
-    except PivotError as e:  # a startup fault (TwinStartupError) or a missing profile
+    except TwinStartupError as e:  # SGLang would not start (out of memory, a bad layout): a predicted crash
+        return TwinReading(None, crashed=True, error=f"the server would not start: {e.message}")
+    except PivotError as e:  # a missing profile
         return TwinReading(None, error=e.message)
     key = (
         twin.model.name,
@@ -236,7 +238,11 @@ class Surrogate:
                 est.note = f"the twin does not model {flags} and the plan gives no number: measure it"
         elif mine.crashed:
             est.source, est.crash = "twin", True
-            est.note = f"the twin predicts the server crashes under load at concurrency {self.level}"
+            est.note = (
+                f"the twin predicts {mine.error}"
+                if mine.error
+                else f"the twin predicts the server crashes under load at concurrency {self.level}"
+            )
         elif mine.error is not None or mine.tok_s is None or base.tok_s is None:
             est.note = f"no prediction: {mine.error or base.error or 'the twin has no reading'}"
         else:
@@ -471,7 +477,7 @@ def next_step(method: Method, d: Decision, validate) -> Step | None:
                 if est.known and (est.change_pct or 0) > -band
                 else f"a loss ({_pct(est.change_pct or 0)})"
                 if est.known
-                else "a crash under load"
+                else "a crash"
             )
             noops = [i.flag for i in item_issues(method, validate, item) if i.status == "noop"]
             noop = (
