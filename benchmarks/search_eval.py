@@ -142,6 +142,12 @@ def campaign(args: tuple[str, float, int, bool]) -> dict:
         best = method.best()
         final = true_tok(plan, best.config if best is not None else plan.target.base_config())
         store.close()
+    print(
+        f"{plan.name} {'search' if searched else 'greedy'} noise {noise:g} seed {seed}: {launches} launches, "
+        f"{time.monotonic() - started:.0f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     return {
         "plan": plan.name,
         "noise": noise,
