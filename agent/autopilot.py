@@ -447,7 +447,7 @@ class Autopilot:
             return " ".join(q.split()), ["continue: try the baseline again", "stop: end the campaign"]
         else:
             names = ", ".join(f"Tier {t} ({plan.tiers.get(t, '')})".replace(" ()", "") for t in tiers_done[-1:])
-            q = f"{names or 'The released items'} done. {headline} Which way next?"
+            q = f"{names or 'The items you opened'} done. {headline} Which way next?"
         return " ".join(q.split()), options
 
     def retry_option(self, method: Method, ledger: reports.Ledger) -> str | None:
@@ -527,7 +527,7 @@ class Autopilot:
             else "no result"
         )
         where = latest.path if latest is not None else "docs_out"
-        why = "stopped as you asked" if d.stopped_at is not None else "every released item is done"
+        why = "stopped as you asked" if d.stopped_at is not None else "every item of the tiers opened so far is done"
         return Call(None, text=f"Campaign finished ({why}): {line}. Final summary: {where}")
 
     # ---- the todo list
