@@ -5,7 +5,7 @@ and config items applied to the base flags (in plan order), predicted by the twi
 level. It is cached in benchmarks/search_grid.json; `--grid` recomputes it:
 
     .venv/bin/python benchmarks/search_eval.py --grid          # the grid (about a second per point)
-    .venv/bin/python benchmarks/search_eval.py --jobs 2        # the table: search and greedy, noise 0 and 0.015 (about 20 min on 2 cores)
+    .venv/bin/python benchmarks/search_eval.py --jobs 2        # the table: search and greedy, noise 0 and 0.015 (about 10 minutes on 2 shared cores)
 
 Then pivot's campaign runs as a user would run it (`pivot run PLAN --engine sim`, the autopilot, answering
 `continue` at every pivot), with the search (the default) and with the plain greedy path (`search` off: plan
