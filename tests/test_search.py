@@ -388,3 +388,13 @@ def test_an_item_the_twin_says_would_not_start_is_not_launched(store, paths, mon
     step = search.next_step(method, method.decision(), validate)
     assert step is not None and step.action == "predicted" and step.items == ("02",)
     assert "predicted a crash" in step.reason and "would not start: out of memory" in step.reason
+
+
+def test_no_search_on_the_command_line_is_the_greedy_setting() -> None:
+    from agent.cli_agent import _settings
+
+    method = {"min_gain": 3.0, "reruns": 1, "stall_after": 3, "seed": 0, "request_limit": 400}
+    target = make_plan(["01"]).target
+    assert _settings(target, "sim", {}, None, {**method, "search": False}).search is False
+    assert _settings(target, "sim", {}, None, {**method, "search": True}).search is True
+    assert _settings(target, "sim", {}, None, method).search is True  # the default: the search
