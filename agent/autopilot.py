@@ -9,9 +9,12 @@ next in the method:
 2. an improvement document for every plan item, before the first experiment (and again after each verdict);
 3. the baseline with the plan's base flags on the plan's workload, run twice: the spread between the runs is the
    measured noise;
-4. the items of the released tiers in plan order, one change at a time on top of the best configuration so far:
+4. the search's next step in the opened tiers (tools/search.py: a candidate predicted by the twin beyond the noise
+   band, alone, combined with the items it interacts with, or retested on a new best; an item predicted inside the
+   band recorded as `predicted`; a no-op item ruled out), then the rest in plan order (requested items, profiles,
+   items on their own workload, everything with the search off), one change at a time on the best configuration:
    audit first (a flag the engine refuses is ruled out without a launch), launch, benchmark, verdict by the method
-   (tools/method.py: rerun a gain inside the noise band, adopt only beyond it), stop; a profile item profiles the
+   (tools/method.py: rerun a gain inside the noise band, adopt only beyond it on two runs), stop; a profile item profiles the
    best configuration; a code item is documented for the user; an item with its own workload gets its own
    baseline on it;
 5. a pivot (status summary, then ask_user) after each tier, after `stall_after` measured changes in a row without
