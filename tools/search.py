@@ -364,7 +364,7 @@ def candidates(method: Method, d: Decision, surrogate: Surrogate | None = None) 
             last = method.final(it)[-1]
             why = (
                 f"retest of {it.id} on the new best (experiment {sur.best.id if sur.best else '?'}): "
-                f"{reports.VERDICT_WORDS[last.verdict]} on experiment {last.base_experiment_id}; {est.note}"
+                f"{reports.VERDICT_WORDS[last.verdict]} on top of experiment {last.base_experiment_id}; {est.note}"
             )
         out.append(Candidate((it.id,), est, kind, {it.id: est.change_pct}, why))
     modelled = [it.id for it in items if alone[it.id].source == "twin" and not alone[it.id].crash]
