@@ -9,9 +9,12 @@ next in the method:
 2. an improvement document for every plan item, before the first experiment (and again after each verdict);
 3. the baseline with the plan's base flags on the plan's workload, run twice: the spread between the runs is the
    measured noise;
-4. the items of the released tiers in plan order, one change at a time on top of the best configuration so far:
+4. the search's next step in the opened tiers (tools/search.py: a candidate predicted by the twin beyond the noise
+   band, alone, combined with the items it interacts with, or retested on a new best; an item predicted inside the
+   band recorded as `predicted`; a no-op item ruled out), then the rest in plan order (requested items, profiles,
+   items on their own workload, everything with the search off), one change at a time on the best configuration:
    audit first (a flag the engine refuses is ruled out without a launch), launch, benchmark, verdict by the method
-   (tools/method.py: rerun a gain inside the noise band, adopt only beyond it), stop; a profile item profiles the
+   (tools/method.py: rerun a gain inside the noise band, adopt only beyond it on two runs), stop; a profile item profiles the
    best configuration; a code item is documented for the user; an item with its own workload gets its own
    baseline on it;
 5. a pivot (status summary, then ask_user) after each tier, after `stall_after` measured changes in a row without
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -38,6 +42,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from agent import models as m
 from agent import reports
 from agent.session import Session
+from tools import search
 from tools.method import Decision, Method, baseline_runs_needed, not_measured_text, understood
 from tools.server import unmeasurable_item
 
@@ -142,14 +147,17 @@ class Autopilot:
             return self.audited(last, None, Call("launch_server", {"baseline": True}))
 
         # 7. a pivot that is due
-        due = self.due(method, ledger, decision)
+        step = self.search_step(method, decision)
+        due = self.due(method, ledger, decision, step)
         if due is not None:
             return self.pivot(method, ledger, decision, kind=due, last=last)
 
-        # 8. the next item
+        # 8. the search's next step in the opened tiers (tools/search.py), else the next item in plan order
+        if step is not None:
+            return self.take(method, step, last)
         item = method.next_item(decision)
         if item is not None:
-            return self.work_on(method, item, last)
+            return self.work_on(method, item, last, decision)
 
         # 9. nothing left: the final summary, once, then the end
         return self.finish(method, ledger, decision, last)
@@ -167,12 +175,64 @@ class Autopilot:
         text, _, _ = reports.render_improvement(ledger, item)
         return hashlib.sha256(text.encode("utf-8")).hexdigest() != doc.sha256
 
+    # ---- the search
+
+    def search_step(self, method: Method, d: Decision) -> search.Step | None:
+        """The search's next step (None with the search off, or when it has nothing to propose)."""
+        return search.next_step(method, d, self._validate)
+
+    def _validate(self, config: m.ServerConfig) -> list[m.FlagIssue]:
+        return self.session.engine_for(self.session.settings.seed).validate(config)
+
+    def take(self, method: Method, step: search.Step, last: dict[str, tuple[dict[str, Any], Any]]) -> Call:
+        if step.action == "rule_out":
+            return Call("record_verdict", {"plan_item": step.items[0], "verdict": "ruled_out", "reason": step.reason})
+        if step.action == "predicted":
+            return Call("record_verdict", {"plan_item": step.items[0], "verdict": "predicted", "reason": step.reason})
+        if len(step.items) == 1 and (unmeasured := self.unmeasured(method, step.items[0])) is not None:
+            return unmeasured
+        args: dict[str, Any] = {"plan_items": list(step.items)} if len(step.items) > 1 else {"plan_item": step.items[0]}
+        launch = Call("launch_server", {**args, "hypothesis": step.reason})
+        return self.audited(last, args, launch)
+
+    def requested_args(self, method: Method, d: Decision, item: m.PlanItem) -> dict[str, Any]:
+        """How the user asked for `item` at a pivot: a combined step ("test 05+06 together"), a bounded retry
+        ("retry 07 with --max-running-requests 512"), else the item alone."""
+        since = next((t for i, t in d.requested if i == item.id), None)
+        if since is None:
+            return {"plan_item": item.id}
+        for p in method.pivots:
+            if p.answer is None or (p.answered_at or p.asked_at) != since:
+                continue
+            text = p.answer.strip()
+            numbered = re.fullmatch(r"\d+", text) and p.options and 1 <= int(text) <= len(p.options)
+            if numbered and text not in method.plan.item_ids():
+                text = p.options[int(text) - 1]
+            combined = re.match(r"test (\d{2,3}(?:\+\d{2,3})+) together", text)
+            if combined:
+                ids = [i for i in combined.group(1).split("+") if i in method.plan.item_ids()]
+                if item.id in ids and len(ids) > 1:
+                    return {"plan_items": ids}
+            retry = re.match(r"retry (\d{2,3}) .*?(--max-running-requests \d+)", text)
+            if retry and retry.group(1) == item.id:
+                return {"plan_item": item.id, "flags": retry.group(2)}
+        return {"plan_item": item.id}
+
     # ---- working on one item
 
-    def audited(self, last: dict[str, tuple[dict[str, Any], Any]], plan_item: str | None, launch: Call) -> Call:
-        """Audit before launching: the launch follows an audit of the same command line that would start."""
+    def audited(
+        self, last: dict[str, tuple[dict[str, Any], Any]], plan_item: str | dict[str, Any] | None, launch: Call
+    ) -> Call:
+        """Audit before launching: the launch follows an audit of the same command line that would start.
+        `plan_item`: the item, or the launch's item arguments (plan_item / plan_items / flags)."""
+        key = plan_item if isinstance(plan_item, dict) else ({"plan_item": plan_item} if plan_item else {})
+        plan_item = key.get("plan_item") or (key.get("plan_items") or [None])[0]
         prev = last.get("audit_flags")
-        if prev is not None and prev[0].get("plan_item") == plan_item and isinstance(prev[1], dict):
+        if (
+            prev is not None
+            and {k: v for k, v in prev[0].items() if v is not None} == key
+            and isinstance(prev[1], dict)
+        ):
             if prev[1].get("would_start"):
                 return launch
             issues = [i for i in prev[1].get("issues", []) if i.get("status") in m.BLOCKING_FLAG_STATUSES]
@@ -183,9 +243,15 @@ class Autopilot:
                 "record_verdict",
                 {"plan_item": plan_item, "verdict": "ruled_out", "reason": f"refused before launch: {why}"},
             )
-        return Call("audit_flags", {"plan_item": plan_item} if plan_item is not None else {})
+        return Call("audit_flags", key)
 
-    def work_on(self, method: Method, item: m.PlanItem, last: dict[str, tuple[dict[str, Any], Any]]) -> Call:
+    def work_on(
+        self,
+        method: Method,
+        item: m.PlanItem,
+        last: dict[str, tuple[dict[str, Any], Any]],
+        d: Decision | None = None,
+    ) -> Call:
         workload = item.workload_for(method.plan.workload)
         if item.workload and method.baseline(workload) is None:
             return Call("launch_server", {"baseline": True, "plan_item": item.id})
@@ -193,14 +259,22 @@ class Autopilot:
             return Call("launch_server", {"baseline": True, "plan_item": item.id})
         if item.kind == "profile":
             return Call("launch_server", {"plan_item": item.id, "hypothesis": item.hypothesis})
-        unmeasurable = unmeasurable_item(self.session, method, item.id)
-        if unmeasurable is not None:  # a simulated engine that models none of the flags: no launch spent on it
-            flags = method.unmodelled_change(unmeasurable)[1]
-            return Call(
-                "record_verdict",
-                {"plan_item": item.id, "verdict": "not_measured", "reason": not_measured_text(flags)},
-            )
-        return self.audited(last, item.id, Call("launch_server", {"plan_item": item.id}))
+        unmeasured = self.unmeasured(method, item.id)
+        if unmeasured is not None:
+            return unmeasured
+        args = self.requested_args(method, d, item) if d is not None else {"plan_item": item.id}
+        return self.audited(last, args, Call("launch_server", args))
+
+    def unmeasured(self, method: Method, item_id: str) -> Call | None:
+        """The not_measured verdict of an item the engine cannot measure (a simulated engine that models none of the
+        flags it changes): no launch is spent on it. None when the engine can measure it."""
+        unmeasurable = unmeasurable_item(self.session, method, item_id)
+        if unmeasurable is None:
+            return None
+        flags = method.unmodelled_change(unmeasurable)[1]
+        return Call(
+            "record_verdict", {"plan_item": item_id, "verdict": "not_measured", "reason": not_measured_text(flags)}
+        )
 
     def judge(self, method: Method, e: m.Experiment) -> Call | None:
         """The verdict step for a measured experiment (or its rerun)."""
@@ -271,7 +345,7 @@ class Autopilot:
         exp = reports.parse_expectation(item.expected_impact)
         return exp is not None and exp.midpoint_pct >= PROMISING_FACTOR * method.settings.min_gain_pct
 
-    def due(self, method: Method, ledger: reports.Ledger, d: Decision) -> str | None:
+    def due(self, method: Method, ledger: reports.Ledger, d: Decision, step: search.Step | None = None) -> str | None:
         """Which pivot is due now, if any: crash, stall, tier, clarify."""
         if d.stopped_at is not None:
             return None
@@ -292,7 +366,7 @@ class Autopilot:
             if e.verdict == "adopted":
                 break
             run += 1
-        if method.next_item(d) is None:
+        if method.next_item(d) is None and step is None:
             return "tier" if since else None
         if run >= method.settings.stall_after:
             return "stall"
@@ -312,23 +386,51 @@ class Autopilot:
         later = sorted({it.tier for it in plan.items if it.tier not in d.released})
         undone = [it for it in plan.items if it.tier in d.released and not method.done(it)]
         options: list[str] = []
+        searched = method.settings.search
         if undone:
             rest = ", ".join(f"{it.id} {it.title}" for it in undone[:4])
-            options.append(f"continue: the rest of the released items ({rest})")
+            how = (
+                "the search predicts each on the best configuration and launches what beats the noise band"
+                if searched
+                else "one at a time on the best configuration"
+            )
+            options.append(f"continue: the remaining items of this tier ({rest}); {how}")
         elif later:
             t = later[0]
             items = ", ".join(f"{it.id} {it.title}" for it in plan.tier_items(t))
             code = all(it.kind == "code" for it in plan.tier_items(t))
             note = " (code changes for you: documented, nothing to run; then the final summary)" if code else ""
+            if searched and not code:
+                nxt = Decision(released={*d.released, t}, requested=[])
+                ahead = search.launchable(method, nxt, self._validate)
+                note = (
+                    f"; the search's first step there: {ahead[0][1]}"
+                    if ahead
+                    else "; the twin predicts nothing there beyond the noise band: items it can predict are "
+                    "recorded as predicted without a launch"
+                )
             options.append(f"continue: Tier {t} ({plan.tiers.get(t, 'next')}): {items}{note}")
-        # the summary's Next steps ranking (by the plan's expected gain), so the options match the summary
-        ranked = [
-            it
-            for it, _ in reports.next_steps(ledger)
-            if it.kind != "code" and not method.done(it) and not (undone and it.id == undone[0].id)
-        ]
-        for it in ranked[:2]:
-            options.append(f"{it.id} {it.title}: test it next ({it.expected_impact.strip().rstrip('.')})")
+        if kind == "crash":
+            retry = self.retry_option(method, ledger)
+            if retry is not None:
+                options.append(retry)
+        if searched:
+            # the search's next candidates (its ranking: predicted gain, corrected to this campaign)
+            opened = Decision(released={*d.released, *later[:1]}, requested=[])
+            for head, sentence in search.options(method, opened, self._validate, limit=3):
+                if len(options) >= 4:
+                    break
+                if not any(o.startswith(head) for o in options):
+                    options.append(sentence)
+        else:
+            # the summary's Next steps ranking (by the plan's expected gain), so the options match the summary
+            ranked = [
+                it
+                for it, _ in reports.next_steps(ledger)
+                if it.kind != "code" and not method.done(it) and not (undone and it.id == undone[0].id)
+            ]
+            for it in ranked[:2]:
+                options.append(f"{it.id} {it.title}: test it next ({it.expected_impact.strip().rstrip('.')})")
         options.append("stop: write the final summary and end the campaign")
         tiers_done = sorted(t for t in d.released if all(method.done(it) for it in plan.tier_items(t)))
         since = self._since(method, self._last_pivot_at(ledger))
@@ -366,8 +468,34 @@ class Autopilot:
             return " ".join(q.split()), ["continue: try the baseline again", "stop: end the campaign"]
         else:
             names = ", ".join(f"Tier {t} ({plan.tiers.get(t, '')})".replace(" ()", "") for t in tiers_done[-1:])
-            q = f"{names or 'The released items'} done. {headline} Which way next?"
+            q = f"{names or 'The items you opened'} done. {headline} Which way next?"
         return " ".join(q.split()), options
+
+    def retry_option(self, method: Method, ledger: reports.Ledger) -> str | None:
+        """After a crash under load: the item again with max running requests capped at the last level that held
+        (once per item), with what the twin predicts for it."""
+        since = self._since(method, self._last_pivot_at(ledger))
+        crashed = next((e for e in reversed(since) if e.verdict == "crashed" and e.plan_item), None)
+        if crashed is None or crashed.combined or search.launches(method, crashed.plan_item or "") > 1:
+            return None
+        held = sorted(c for c, runs in method.ok_values(crashed).items() if runs)
+        if not held or not method.failed_levels(crashed):
+            return None
+        cap = held[-1]
+        flag = f"--max-running-requests {cap}"
+        item = method.plan.item(crashed.plan_item or "")
+        pred = ""
+        try:
+            sur = search.Surrogate(method)
+            config = item.apply(method.best_config()).with_flags(m.ServerConfig.parse(flag))
+            est = sur.estimate_config((item.id,), config)
+            pred = f"; {est.note}" if est.note else ""
+        except Exception:
+            pred = ""
+        return (
+            f"retry {item.id} {item.title} with {flag} (capped at concurrency {cap}, the last level that held in "
+            f"experiment {crashed.id}): 1 launch, 2 if it gains{pred}"
+        )
 
     def pivot(
         self,
@@ -420,7 +548,7 @@ class Autopilot:
             else "no result"
         )
         where = latest.path if latest is not None else "docs_out"
-        why = "stopped as you asked" if d.stopped_at is not None else "every released item is done"
+        why = "stopped as you asked" if d.stopped_at is not None else "every item of the tiers opened so far is done"
         return Call(None, text=f"Campaign finished ({why}): {line}. Final summary: {where}")
 
     # ---- the todo list

@@ -192,8 +192,11 @@ def show(home: Home, session_ref: str, as_json: bool) -> None:
         table = make_table("id", "item", "kind", "change", "status", "out tok/s (mean of runs)", "verdict", "reason")
         for e in experiments:
             best_text = ledger.figure_text(e)
+            reason = e.reason or ""
+            if e.predicted_change_pct is not None and e.verdict != "predicted":
+                reason = f"{reason} [predicted {e.predicted_change_pct:+.1f}% before launch]".strip()
             table.add_row(
-                str(e.id), e.plan_item or "", e.kind, change(e), e.status, best_text, e.verdict or "", e.reason or ""
+                str(e.id), "+".join(e.plan_items), e.kind, change(e), e.status, best_text, e.verdict or "", reason
             )
         out.print(table)
     else:

@@ -77,6 +77,7 @@ def _settings(
         stall_after=method["stall_after"],
         seed=method["seed"],
         request_limit=method["request_limit"],
+        search=method.get("search", True),
         engine_options=opts,
     )
 
@@ -227,6 +228,13 @@ def _method_options(f: Any) -> Any:
                 default=3,
                 show_default=True,
                 help="Pivot after this many changes in a row without gain.",
+            ),
+            click.option(
+                "--search/--no-search",
+                default=True,
+                show_default=True,
+                help="The twin-guided search with confirmed adoptions (tools/search.py); --no-search: the plain "
+                "greedy path (plan order, one item at a time), to compare.",
             ),
             click.option(
                 "--request-limit",

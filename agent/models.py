@@ -501,8 +501,19 @@ ItemKind = Literal["flag", "config", "workload", "profile", "code"]
 # measured: a measurement that changes nothing (a profile of the best configuration), neither kept nor set aside.
 # not_measured: the engine does not model the flags the change touches (a simulated engine), so nothing it
 # reports says what the change does: it has to be measured on GPUs.
+# predicted: not launched because the twin, corrected to the campaign's own measurements, predicts the change inside
+# the noise band (or a loss): a prediction, not a measurement; the search may try the item later on a new best.
 Verdict = Literal[
-    "baseline", "adopted", "no_gain", "regressed", "crashed", "ruled_out", "inconclusive", "measured", "not_measured"
+    "baseline",
+    "adopted",
+    "no_gain",
+    "regressed",
+    "crashed",
+    "ruled_out",
+    "inconclusive",
+    "measured",
+    "not_measured",
+    "predicted",
 ]
 
 
@@ -660,6 +671,15 @@ class Experiment(_Model):
     failure: str | None = Field(default=None, description="Classified failure, e.g. oom, unrecognized-argument.")
     failure_detail: str | None = Field(default=None, description="The log line or message that says why it failed.")
     log_path: str | None = None
+    predicted_tok_s: float | None = Field(
+        default=None,
+        description="The twin's output tok/s for this config at the judged level, corrected to the campaign's own "
+        "measurements, recorded before launch: a prediction, not a measurement.",
+    )
+    predicted_change_pct: float | None = Field(
+        default=None, description="The predicted change against the base experiment's measured mean, in %."
+    )
+    prediction: str | None = Field(default=None, description="Where the prediction comes from, in words.")
     created_at: datetime = Field(default_factory=utcnow)
     started_at: datetime | None = None
     finished_at: datetime | None = None
@@ -769,6 +789,12 @@ class SessionSettings(_Model):
         default_factory=dict, description="Options the engine is built with (no secrets: they are stored)."
     )
     request_limit: int = Field(default=400, ge=1, description="Model requests per run before pivot stops it.")
+    search: bool = Field(
+        default=True,
+        description="The twin-guided search (tools/search.py: predicted candidates, combined steps, retests, no "
+        "launch for no-op flags) and adoptions confirmed by a second run. False: the plain greedy path (plan order, "
+        "one item at a time, an adoption on one run), kept to compare against.",
+    )
 
 
 class Session(_Model):

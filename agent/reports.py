@@ -45,6 +45,7 @@ VERDICT_WORDS = {
     "inconclusive": "inconclusive",
     "measured": "measured (not a change)",
     "not_measured": "not measured (the twin does not model it)",
+    "predicted": "not launched (the twin predicts no gain)",
     None: "not judged",
 }
 CHANGE_FORMULA = "change = (after - before) / before x 100, per level"
@@ -385,7 +386,7 @@ class Ledger:
         return (sum(watts) / len(watts) if watts else None), (sum(limits) / len(limits) if limits else None)
 
     def item_experiments(self, item_id: str) -> list[m.Experiment]:
-        return [e for e in self.experiments if e.plan_item == item_id]
+        return [e for e in self.experiments if item_id in e.plan_items]  # combined experiments name every item
 
     def best_by_level(self) -> dict[int, tuple[m.Experiment, m.BenchLevel]]:
         """Per concurrency, the highest output tok/s among the configurations that stand (baseline, adopted, not
@@ -510,12 +511,15 @@ def item_status(ledger: Ledger, item: m.PlanItem) -> tuple[str, list[m.Experimen
     if not exps:
         return "proposed", exps
     last = exps[-1]
-    if last.status in ("planned", "running"):
-        return "testing", exps
+    together = f" (together with {', '.join(i for i in last.plan_items if i != item.id)})" if last.combined else ""
+    if last.verdict == "predicted":
+        return f"not launched: {VERDICT_WORDS[last.verdict]}", exps
     if last.verdict == "not_measured":
         return "not measured: the twin does not model it (for a GPU)", exps
     if last.verdict is not None:
-        return f"tested: {VERDICT_WORDS[last.verdict]}", exps
+        return f"tested{together}: {VERDICT_WORDS[last.verdict]}", exps
+    if last.status in ("planned", "running"):
+        return "testing", exps
     if last.status == "failed":
         return f"failed: {last.failure or 'see the reason'}", exps
     return "tested: not judged yet", exps
@@ -643,6 +647,18 @@ def _result_section(ledger: Ledger, item: m.PlanItem, e: m.Experiment) -> list[s
     after = ledger.ok_levels(e)
     every = ledger.levels.get(e.id or 0, {})
     source = ledger.sources.get(e.id or 0)
+    if e.combined:
+        others = ", ".join(f"{i} {ledger.plan.item(i).title}" for i in e.plan_items if i != item.id)
+        out += [
+            f"Experiment #{e.id} tested this item together with {others} as one step ({_items(e)}): the result "
+            "below is the combination's, not this item's alone.",
+            "",
+        ]
+    if e.prediction:
+        out += [f"Before the launch, the search's prediction: {e.prediction}.", ""]
+    if e.verdict in ("predicted", "ruled_out") and not every and e.status != "failed":
+        out += [f"Experiment #{e.id} was not launched: {e.reason or VERDICT_WORDS[e.verdict]}", ""]
+        return out
     if e.status == "failed" and not every:
         out += [f"Experiment #{e.id} did not run: {e.failure or 'failed'}. {e.reason or ''}".strip()]
         if e.log_path:
@@ -792,8 +808,27 @@ def next_steps(ledger: Ledger) -> list[tuple[m.PlanItem, Expectation | None]]:
     return sorted(pending, key=key)
 
 
+def _items(e: m.Experiment) -> str:
+    """The plan items an experiment names: "05" or, for a combined step, "05+06"."""
+    return "+".join(e.plan_items) if e.plan_items else ""
+
+
+def prediction_text(e: m.Experiment) -> str:
+    """What the search predicted before the launch, as a clause (empty when nothing was predicted)."""
+    if e.predicted_change_pct is not None:
+        return f"predicted {e.predicted_change_pct:+.1f}%"
+    if e.predicted_tok_s is not None:
+        return f"predicted {_tok(e.predicted_tok_s)} output tok/s"
+    return ""
+
+
 def _effect(ledger: Ledger, e: m.Experiment) -> str:
+    if e.verdict == "predicted":
+        return f"not launched; {prediction_text(e) or 'predicted'} (the twin, not a measurement)"
     text = _effect_text(ledger, e)
+    pred = prediction_text(e)
+    if pred and (ledger.runs.get(e.id or 0, 0) > 0):
+        text += f" [{pred}]"
     if e.workload.workload_key() != ledger.workload_key():
         text += " (on a different workload: not compared)"
     return text
@@ -895,14 +930,20 @@ def render_status(ledger: Ledger, number: int, question: str | None, options: Se
         rows = []
         for e in tried:
             used.add(e.id or 0)
-            rows.append(
-                [f"#{e.id}", e.plan_item or "", ledger.change_text(e), _effect(ledger, e), VERDICT_WORDS[e.verdict]]
-            )
+            rows.append([f"#{e.id}", _items(e), ledger.change_text(e), _effect(ledger, e), VERDICT_WORDS[e.verdict]])
         out += [_table(["experiment", "item", "change", "effect", "verdict"], rows), ""]
         out += [
             f"Effects compare each experiment with the one it changed, at the highest level both measured ({CHANGE_FORMULA}).",
             "",
         ]
+        if any(e.combined for e in tried):
+            out += ["An item column like 05+06 is one experiment that combined those items as one step.", ""]
+        if any(e.predicted_change_pct is not None or e.predicted_tok_s is not None for e in tried):
+            out += [
+                "In brackets: the twin's prediction made before the launch, corrected to this campaign's measurements "
+                '(a prediction, not a measurement); "not launched" rows were never run.',
+                "",
+            ]
     else:
         out += ["Nothing yet.", ""]
 
@@ -911,7 +952,7 @@ def render_status(ledger: Ledger, number: int, question: str | None, options: Se
     lines = []
     for e in tried:
         if e.verdict in SET_ASIDE:
-            label = f"item {e.plan_item}, " if e.plan_item else ""
+            label = f"items {_items(e)} together, " if e.combined else f"item {e.plan_item}, " if e.plan_item else ""
             title = e.title or ledger.change_text(e)
             why = e.reason or e.failure or "no reason recorded"
             lines.append(f"- **{title}** ({label}experiment #{e.id}, {VERDICT_WORDS[e.verdict]}): {why}")
@@ -938,6 +979,9 @@ def render_status(ledger: Ledger, number: int, question: str | None, options: Se
             errors = [w for w in warnings.get(item.id, []) if w.startswith("error")]
             if errors:
                 line += f" Plan check {errors[0]}"
+            predicted = [e for e in ledger.item_experiments(item.id) if e.verdict == "predicted"]
+            if predicted and prediction_text(predicted[-1]):
+                line += f" Not launched: the twin {prediction_text(predicted[-1])} (experiment #{predicted[-1].id})."
             out.append(line)
         out += [
             "",

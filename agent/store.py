@@ -330,6 +330,14 @@ def _m007_combined_items(db: Database) -> None:
     db["experiments"].add_column("plan_items_json", str)
 
 
+def _m008_search(db: Database) -> None:
+    """The search's prediction recorded next to what was measured: the corrected twin's output tok/s, the predicted
+    change and where the prediction comes from."""
+    db["experiments"].add_column("predicted_tok_s", float)
+    db["experiments"].add_column("predicted_change_pct", float)
+    db["experiments"].add_column("prediction", str)
+
+
 def _m009_truth(db: Database) -> None:
     """The flags of an experiment's config its engine does not model (a simulated engine's), kept so a verdict
     never calls an unmodelled change measured."""
@@ -372,6 +380,7 @@ MIGRATIONS: list[Migration] = [
     ("005_telemetry_tokens", _m005_telemetry_tokens),
     ("006_session_settings", _m006_session_settings),
     ("007_combined_items", _m007_combined_items),
+    ("008_search", _m008_search),
     ("009_truth", _m009_truth),
     ("011_usage", _m011_usage),
 ]
@@ -838,6 +847,9 @@ class Store:
             "failure": e.failure,
             "failure_detail": e.failure_detail,
             "log_path": e.log_path,
+            "predicted_tok_s": e.predicted_tok_s,
+            "predicted_change_pct": e.predicted_change_pct,
+            "prediction": e.prediction,
             "created_at": _ts(e.created_at),
             "started_at": _ts(e.started_at),
             "finished_at": _ts(e.finished_at),
@@ -864,6 +876,9 @@ class Store:
             failure=row["failure"],
             failure_detail=row.get("failure_detail"),
             log_path=row["log_path"],
+            predicted_tok_s=row.get("predicted_tok_s"),
+            predicted_change_pct=row.get("predicted_change_pct"),
+            prediction=row.get("prediction"),
             created_at=_dt(row["created_at"]),
             started_at=_dt(row["started_at"]),
             finished_at=_dt(row["finished_at"]),

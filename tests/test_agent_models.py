@@ -85,6 +85,7 @@ async def test_a_model_that_calls_every_tool_leaves_the_expected_rows(store, pat
             ("profile", {}),
             ("analyze", {}),
             ("record_verdict", {"experiment_id": 1, "verdict": "baseline", "reason": "the reference"}),
+            ("search_candidates", {}),
             ("stop_server", {}),
             ("microbench", {}),
             ("write_status_summary", {"question": "Go on with Tier 2?", "options": ["yes", "no"]}),
@@ -107,7 +108,7 @@ async def test_a_model_that_calls_every_tool_leaves_the_expected_rows(store, pat
     docs = store.documents(sid)
     assert {d.kind for d in docs} == {"improvement", "status"}
     pivot = store.open_pivot(sid)
-    assert pivot is not None and pivot.tool_call_id == "c20" and pivot.summary_path.endswith("status-001.md")
+    assert pivot is not None and pivot.tool_call_id == "c21" and pivot.summary_path.endswith("status-001.md")
     assert store.servers(sid, running_only=True) == [] and s.live is None
     assert store.messages(sid)  # the conversation is in the ledger
     errors = script.retried()

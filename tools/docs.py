@@ -16,6 +16,7 @@ from agent import models as m
 from agent import reports
 from agent.errors import PivotError
 from agent.session import Session
+from tools import search
 from tools.method import Judgement, Method, not_measured_text
 from tools.server import REFUSAL_CLASS, audit_issues, proposed_config, unmeasurable_item
 
@@ -68,7 +69,8 @@ def analyze(ctx: RunContext[Session], experiment_id: int | None = None) -> dict[
 
 
 def _rule_out_item(session: Session, method: Method, plan_item: str, reason: str) -> m.Experiment:
-    """Record a plan item the engine refuses as an experiment that never started, with its audit."""
+    """Record a plan item that is not launched as an experiment that never started, with its audit: the engine
+    refuses its flags, or every flag it sets is a no-op in this engine version (accepted, read nowhere)."""
     for e in method.experiments:
         if e.plan_item == plan_item and e.verdict == "ruled_out" and method.run_count(e) == 0:
             return e  # already recorded (a resumed run asks again)
@@ -79,7 +81,8 @@ def _rule_out_item(session: Session, method: Method, plan_item: str, reason: str
     config = proposed_config(method, plan_item, None, None)
     issues = audit_issues(session, config)
     blocking = [i for i in issues if i.blocking]
-    if not blocking:
+    noop = search.noop_reason([i for i in issues if i.flag in (item.flags.names() if item.flags else [])], item)
+    if not blocking and noop is None:
         raise ModelRetry(
             f"item {plan_item}'s flags pass the audit ({config}): launch it and measure before ruling it out"
         )
@@ -94,11 +97,57 @@ def _rule_out_item(session: Session, method: Method, plan_item: str, reason: str
             config=config,
             base_experiment_id=best.id if best is not None else None,
             workload=item.workload_for(method.plan.workload),
-            status="failed",
+            status="failed" if blocking else "planned",
             verdict="ruled_out",
             reason=reason,
             audit=issues,
-            failure=REFUSAL_CLASS.get(blocking[0].status, "argument-validation"),
+            failure=REFUSAL_CLASS.get(blocking[0].status, "argument-validation") if blocking else None,
+            finished_at=m.utcnow(),
+        ),
+    )
+
+
+def _predicted_item(session: Session, method: Method, plan_item: str, reason: str) -> m.Experiment:
+    """Record a plan item that is not launched because the corrected twin predicts it inside the noise band (or a
+    loss): an experiment that never started, with the prediction; a prediction, never a measurement."""
+    try:
+        item = method.plan.item(plan_item)
+    except PivotError as e:
+        raise ModelRetry(f"{e.message}; {e.hint}") from e
+    best = method.best()
+    for e in method.experiments:
+        if (
+            plan_item in e.plan_items
+            and e.verdict == "predicted"
+            and best is not None
+            and e.base_experiment_id == best.id
+        ):
+            return e  # already recorded on this best (a resumed run asks again)
+    est = search.Surrogate(method).estimate((plan_item,))
+    band = method.band_pct()
+    if est.source != "twin" or not (est.crash or (est.change_pct is not None and est.change_pct < band)):
+        raise ModelRetry(
+            f"item {plan_item} cannot be recorded as predicted: {est.note or 'no prediction'}; launch it and measure"
+        )
+    text = reason.strip()
+    if "prediction" not in text.lower():
+        text += " (a prediction, not a measurement)"
+    return session.store.add_experiment(
+        session.id,
+        m.Experiment(
+            plan_item=plan_item,
+            kind="change",
+            title=item.title,
+            hypothesis=item.hypothesis,
+            config=est.config,
+            base_experiment_id=best.id if best is not None else None,
+            workload=method.plan.workload,
+            status="planned",
+            verdict="predicted",
+            reason=text,
+            predicted_tok_s=est.tok_s,
+            predicted_change_pct=est.change_pct,
+            prediction=est.note,
             finished_at=m.utcnow(),
         ),
     )
@@ -142,10 +191,14 @@ def record_verdict(
     no_gain (inside the noise) | regressed (worse beyond the noise) | crashed (failed to start or under load; say
     the classified reason) | ruled_out (not worth or not possible to run) | inconclusive | measured (a measurement
     that changes nothing, such as the profile a profile item asks for) | not_measured (the engine does not model
-    the flags the change touches, e.g. the twin and --enable-torch-compile: its numbers cannot show the change).
-    Give `experiment_id`; to rule out a plan item whose flags the engine refuses, without launching it, give
-    `plan_item` and verdict ruled_out instead; for a plan item the engine does not model, `plan_item` and verdict
-    not_measured (no launch is spent on it). The method is enforced: `adopted` needs a gain beyond the noise
+    the flags the change touches, e.g. the twin and --enable-torch-compile: its numbers cannot show the change) |
+    predicted (not launched: the twin, corrected to this campaign's measurements, predicts it inside the noise band
+    or at a loss).
+    Give `experiment_id`; to rule out a plan item whose flags the engine refuses or ignores (every flag a no-op),
+    without launching it, give `plan_item` and verdict ruled_out instead; for a plan item the engine does not
+    model, `plan_item` and verdict not_measured (no launch is spent on it); to skip an item the twin predicts
+    inside the noise, `plan_item` and verdict predicted (the prediction is checked and recorded). The method is
+    enforced: `adopted` needs a gain beyond the noise
     band, a gain inside the band must be rerun before it is judged, and a verdict needs measurements.
     """
     session = ctx.deps
@@ -155,13 +208,16 @@ def record_verdict(
         raise ModelRetry("give the reason, with the measured numbers")
     if experiment_id is None:
         if plan_item is None:
-            raise ModelRetry("give experiment_id (or plan_item with verdict ruled_out or not_measured)")
-        if verdict not in ("ruled_out", "not_measured"):
+            raise ModelRetry("give experiment_id (or plan_item with verdict ruled_out, not_measured or predicted)")
+        if verdict not in ("ruled_out", "not_measured", "predicted"):
             raise ModelRetry(
-                "without an experiment only ruled_out or not_measured can be recorded; launch and measure it first"
+                "without an experiment only ruled_out, not_measured or predicted can be recorded; launch and measure "
+                "it first"
             )
         if verdict == "ruled_out":
             e = _rule_out_item(session, method, plan_item, reason)
+        elif verdict == "predicted":
+            e = _predicted_item(session, method, plan_item, reason)
         else:
             e = _not_measured_item(session, method, plan_item, reason)
         method = Method.read(store, session.id)
@@ -171,6 +227,13 @@ def record_verdict(
             raise ModelRetry(f"no experiment {experiment_id} in this session")
         e = found
     j = method.judge(e)
+    if verdict == "predicted" and (experiment_id is not None or e.verdict != "predicted"):
+        raise ModelRetry("predicted is for an item not launched: give plan_item, not an experiment")
+    if verdict == "predicted":
+        session.emit("tool_result", f"item {plan_item}: predicted, not launched: {e.reason}")
+        return VerdictRecord(
+            experiment_id=e.id or 0, plan_item=e.plan_item, verdict=verdict, reason=e.reason or "", judgement=j
+        )
     if verdict == "baseline" and e.kind != "baseline":
         raise ModelRetry(f"experiment {e.id} is a {e.kind}, not a baseline")
     if e.kind == "baseline" and verdict not in ("baseline", "crashed", "ruled_out", "inconclusive"):
@@ -222,6 +285,41 @@ def check_plan_quietly(session: Session) -> None:
         message = f"plan checks skipped: {e.message}"
         if message not in session.notices:
             session.notices.append(message)
+
+
+class CandidateView(BaseModel):
+    """One step the search could take next, with the corrected twin's prediction."""
+
+    plan_items: list[str] = Field(description="Launch them together: launch_server(plan_items=...) or plan_item=.")
+    kind: str = Field(description="single, combined (items that interact, one experiment) or retest.")
+    predicted_change_pct: float | None = Field(description="Against the best's measured mean; None: unknown.")
+    source: str = Field(description="twin (corrected to this campaign) or plan (the plan's expected impact).")
+    why: str
+
+
+@toolset.tool
+def search_candidates(ctx: RunContext[Session], limit: int = 8) -> dict[str, Any]:
+    """The search's candidates in the tiers opened so far, best predicted gain first: single items, retests and
+    combined steps of items that interact, each with the digital twin's prediction corrected to this campaign's
+    measurements (a prediction, not a measurement), and the noise band a launch must beat. Launch the first one whose
+    prediction beats the band; an item predicted inside the band can be recorded with verdict predicted instead."""
+    from tools import search
+
+    method = Method.read(ctx.deps.store, ctx.deps.id)
+    ranked = search.candidates(method, method.decision())
+    return {
+        "band_pct": method.band_pct(),
+        "candidates": [
+            CandidateView(
+                plan_items=list(c.items),
+                kind=c.kind,
+                predicted_change_pct=c.estimate.change_pct,
+                source=c.estimate.source,
+                why=c.why,
+            ).model_dump()
+            for c in ranked[: max(1, limit)]
+        ],
+    }
 
 
 def _ref(session: Session, doc: m.Document, start: int) -> DocumentRef:

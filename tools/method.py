@@ -8,8 +8,10 @@ one module, so an LLM and the built-in policy are held to the same rules:
   the judged metric is output tok/s there, averaged over the experiment's runs (a rerun adds a run);
 - the noise band is max(min_gain_pct, measured noise), where the measured noise is the spread
   (max - min) / mean of the baseline's runs at its judged level;
-- a change is adopted only when its gain beats the band; a gain inside the band is rerun (up to `reruns`
-  times) and then called no gain; a loss beyond the band is a regression; failed requests are a crash;
+- a change is adopted only when its gain beats the band on the mean of at least two runs (a gain beyond the band
+  on one run is rerun to confirm it, unless the session's `search` setting is off: the old greedy path); a gain
+  inside the band is rerun (up to `reruns` times) and then called no gain; a loss beyond the band is a regression;
+  failed requests are a crash;
 - a change whose changed flags the engine does not model (a simulated engine: `Experiment.not_modelled`) is not
   measured, whatever numbers the engine gave: its effect is not in them.
 
@@ -295,8 +297,8 @@ class Method:
     ) -> list[m.Experiment]:
         """The item's experiments with a verdict (a baseline of its own workload does not settle it)."""
         out = []
-        for e in self.experiments:
-            if e.plan_item != item.id or e.verdict is None or e.kind == "baseline":
+        for e in self.experiments:  # an item tested inside a combined experiment counts as tested
+            if item.id not in e.plan_items or e.verdict is None or e.kind == "baseline":
                 continue
             if since is not None and e.created_at <= since:
                 continue
@@ -408,8 +410,11 @@ class Method:
         runs = after[c]
         a = sum(runs) / len(runs)
         change = (a - b) / b * 100 if b > 0 else 0.0
-        if change >= band and change > 0:
-            suggestion: Suggestion = "adopted"
+        confirm = self.settings.search and len(runs) < 2
+        if change >= band and change > 0 and confirm:
+            suggestion: Suggestion = "rerun"  # one lucky run never becomes the bar: a second run confirms it
+        elif change >= band and change > 0:
+            suggestion = "adopted"
         elif change <= -band:
             suggestion = "regressed"
         elif change > 0 and len(runs) < 1 + self.settings.reruns:
@@ -425,7 +430,12 @@ class Method:
         )
         floor = self.settings.min_gain_pct
         why_band = f"measured noise {noise:.1f}%, floor {floor:g}%" if noise is not None else f"floor {floor:g}%"
-        if suggestion in ("no_gain", "rerun"):
+        if suggestion == "rerun" and change >= band:
+            text += (
+                f", beyond the {band:.1f}% noise band on one run ({why_band}): a second run confirms it before it "
+                "becomes the bar (the band applies to the mean)"
+            )
+        elif suggestion in ("no_gain", "rerun"):
             text += f", inside the {band:.1f}% noise band ({why_band})"
         elif suggestion == "adopted":
             text += f", beyond the {band:.1f}% noise band ({why_band})"

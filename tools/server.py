@@ -180,6 +180,7 @@ def _reusable(
             e.plan_items == items
             and e.kind == kind
             and e.status in ("planned", "running", "interrupted")
+            and e.verdict is None
             and e.config == config
             and e.workload == workload
             and method.run_count(e) == 0
@@ -255,6 +256,13 @@ def launch_server(
                 title = item.title if item is not None else f"flags {flags or ''}".strip()
         e = _reusable(method, items, kind, config, workload)
         if e is None:
+            from tools import search
+
+            predicted = (
+                search.record_fields(method, items, baseline=kind == "baseline", config=config)
+                if kind == "change" or item is None
+                else {}
+            )
             e = store.add_experiment(
                 session.id,
                 m.Experiment(
@@ -266,6 +274,7 @@ def launch_server(
                     config=config,
                     base_experiment_id=base_id,
                     workload=workload,
+                    **predicted,
                 ),
             )
     return _launch(session, method, e)

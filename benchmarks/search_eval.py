@@ -1,0 +1,233 @@
+"""The search evaluation: pivot's campaign scored against the exhaustive grid of its plan, computed with the twin.
+
+For every plan under benchmarks/search_plans/ (or --plans FILES), the grid is every combination of the plan's flag
+and config items applied to the base flags (in plan order), predicted by the twin without noise at the workload's top
+level. It is cached in benchmarks/search_grid.json; `--grid` recomputes it:
+
+    .venv/bin/python benchmarks/search_eval.py --grid          # the grid (about a second per point)
+    .venv/bin/python benchmarks/search_eval.py --jobs 2        # the table: search and greedy, noise 0 and 0.015 (about 10 minutes on 2 shared cores)
+
+Then pivot's campaign runs as a user would run it (`pivot run PLAN --engine sim`, the autopilot, answering
+`continue` at every pivot), with the search (the default) and with the plain greedy path (`search` off: plan
+order, one item at a time, an adoption on one run), without noise (seed 0) and with --noise 0.015 over 10 seeds.
+Each campaign is scored:
+
+- ratio: the noise-free twin's output tok/s of the campaign's final best configuration / the grid's best;
+- launches: server launches (benchmark runs, the baseline's two included, plus servers that failed to start),
+  against the grid's size;
+- noop launches: launches of an item whose flags are all no-ops in SGLang 0.5.23;
+- false adoptions: adopted while the noise-free change (the twin, the experiment's config against its base's) is
+  below the --min-gain floor (3%); false regressions: regressed while the noise-free change is above -3%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from agent import models as m  # noqa: E402
+from agent.plans import load_plan  # noqa: E402
+
+PLANS = ROOT / "benchmarks" / "search_plans"
+GRID = ROOT / "benchmarks" / "search_grid.json"
+FLOOR = 3.0
+
+
+def _items(plan: m.Plan) -> list[m.PlanItem]:
+    from tools.search import searchable
+
+    return [it for it in plan.items if searchable(it)]
+
+
+def _config(plan: m.Plan, ids: tuple[str, ...]) -> m.ServerConfig:
+    config = plan.target.base_config()
+    for it in plan.items:
+        if it.id in ids:
+            config = it.apply(config)
+    return config
+
+
+def true_tok(plan: m.Plan, config: m.ServerConfig) -> float:
+    """The noise-free twin's output tok/s at the workload's top level (0 when it does not start or crashes)."""
+    from tools.search import twin_reading
+
+    t = plan.target
+    r = twin_reading(t.model_profile, t.hardware, t.gpus, config, plan.workload, max(plan.workload.concurrency))
+    return r.tok_s or 0.0
+
+
+def grid(path: Path) -> dict:
+    plan = load_plan(str(path))
+    ids = [it.id for it in _items(plan)]
+    points = {}
+    for n in range(len(ids) + 1):
+        for combo in itertools.combinations(ids, n):
+            points["+".join(combo)] = true_tok(plan, _config(plan, combo))
+    best = max(points, key=lambda k: points[k])
+    return {
+        "plan": plan.name,
+        "items": ids,
+        "size": len(points),
+        "points": points,
+        "best": best,
+        "best_tok_s": points[best],
+    }
+
+
+def campaign(args: tuple[str, float, int, bool]) -> dict:
+    """One campaign of the autopilot on the sim engine, `continue` at every pivot, scored from its ledger."""
+    plan_path, noise, seed, searched = args
+    from agent import loop
+    from agent.session import Paths, Session
+    from agent.store import Store
+    from tools.engines.catalog import audit, load_catalog
+    from tools.method import Method
+    from tools.search import noop_reason
+
+    plan = load_plan(plan_path)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as home:
+        paths = Paths.from_env(home)
+        paths.state_dir.mkdir(parents=True, exist_ok=True)
+        store = Store(paths.db_path)
+        t = plan.target
+        settings = m.SessionSettings(
+            seed=seed,
+            search=searched,
+            engine_options={"model_profile": t.model_profile, "hardware": t.hardware, "gpus": t.gpus, "noise": noise},
+        )
+        session = Session.create(store, paths, plan, name=plan.name, engine_name="sim", settings=settings)
+        with session:
+            outcome = loop.run(session)
+            pivots = 0
+            while outcome.status == "pivot" and pivots < 30:
+                pivots += 1
+                outcome = loop.run(session, answer="continue")
+            method = Method.read(store, session.id)
+        catalog = load_catalog("sglang", "0.5.23")
+        noop_items = set()
+        for it in _items(plan):
+            issues = audit(catalog, it.apply(plan.target.base_config()))
+            if noop_reason([i for i in issues if i.flag in it.flags.names()], it) is not None:
+                noop_items.add(it.id)
+        launches = noop = false_adopt = false_regress = 0
+        for e in method.experiments:
+            runs = method.run_count(e)
+            started_failed = e.status == "failed" and runs == 0 and e.verdict == "crashed"
+            launched = runs + (1 if started_failed else 0)
+            launches += launched
+            if launched and set(e.plan_items) & noop_items:
+                noop += launched
+            base = method.experiment(e.base_experiment_id)
+            if e.verdict in ("adopted", "regressed") and base is not None:
+                before, after = true_tok(plan, base.config), true_tok(plan, e.config)
+                change = (after - before) / before * 100 if before else 0.0
+                false_adopt += e.verdict == "adopted" and change < FLOOR
+                false_regress += e.verdict == "regressed" and change > -FLOOR
+        steps = [
+            f"#{e.id} {'+'.join(e.plan_items) or 'baseline'} {e.verdict} runs={method.run_count(e)}"
+            + (f" pred={e.predicted_change_pct:+.1f}%" if e.predicted_change_pct is not None else "")
+            for e in method.experiments
+        ]
+        best = method.best()
+        final = true_tok(plan, best.config if best is not None else plan.target.base_config())
+        store.close()
+    print(
+        f"{plan.name} {'search' if searched else 'greedy'} noise {noise:g} seed {seed}: {launches} launches, "
+        f"{time.monotonic() - started:.0f} s",
+        file=sys.stderr,
+        flush=True,
+    )
+    return {
+        "plan": plan.name,
+        "noise": noise,
+        "seed": seed,
+        "search": searched,
+        "final_tok_s": final,
+        "launches": launches,
+        "noop_launches": noop,
+        "false_adoptions": false_adopt,
+        "false_regressions": false_regress,
+        "pivots": pivots,
+        "outcome": outcome.status,
+        "seconds": round(time.monotonic() - started, 1),
+        "steps": steps,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--grid", action="store_true", help="Recompute the grid cache (benchmarks/search_grid.json).")
+    ap.add_argument("--plans", nargs="*", help="Plan files (default: benchmarks/search_plans/*.toml).")
+    ap.add_argument("--seeds", type=int, default=10, help="Seeds of the noisy campaigns.")
+    ap.add_argument("--noise", type=float, default=0.015)
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--modes", default="search,greedy", help="search, greedy or both.")
+    ap.add_argument("--json", dest="as_json", help="Also write every campaign's scores to this file.")
+    opts = ap.parse_args()
+    paths = [Path(p) for p in opts.plans] if opts.plans else sorted(PLANS.glob("*.toml"))
+    cached = json.loads(GRID.read_text()) if GRID.exists() else {}
+    missing = [p for p in paths if opts.grid or load_plan(str(p)).name not in cached]
+    if missing:
+        with ProcessPoolExecutor(max(1, opts.jobs)) as pool:
+            for g in pool.map(grid, missing):
+                cached[g["plan"]] = g
+                print(
+                    f"grid {g['plan']}: {g['size']} points, best {g['best'] or 'base'} {g['best_tok_s']:,.0f}",
+                    file=sys.stderr,
+                )
+        GRID.write_text(json.dumps(cached, indent=1, sort_keys=True) + "\n")
+    if opts.grid:
+        return
+    modes = [mo == "search" for mo in opts.modes.split(",")]
+    runs = [
+        (str(p), noise, seed, s)
+        for p in paths
+        for s in modes
+        for noise, seeds in ((0.0, [0]), (opts.noise, list(range(1, opts.seeds + 1))))
+        for seed in seeds
+    ]
+    with ProcessPoolExecutor(max(1, opts.jobs)) as pool:
+        results = list(pool.map(campaign, runs))
+    if opts.as_json:
+        Path(opts.as_json).write_text(json.dumps(results, indent=1) + "\n")
+    header = "| plan | path | noise | campaigns | ratio to grid best: mean (min) | launches: mean (max) / grid | noop launches | false adoptions | false regressions |"
+    print(header)
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    groups: dict[tuple, list[dict]] = {}
+    for r in results:
+        groups.setdefault((r["plan"], r["search"], r["noise"]), []).append(r)
+    for (plan, searched, noise), rs in groups.items():
+        g = cached[plan]
+        ratios = [r["final_tok_s"] / g["best_tok_s"] for r in rs]
+        launches = [r["launches"] for r in rs]
+        print(
+            f"| {plan} | {'search' if searched else 'greedy'} | {noise:g} | {len(rs)} | "
+            f"{statistics.mean(ratios):.3f} ({min(ratios):.3f}) | {statistics.mean(launches):.1f} ({max(launches)}) / {g['size']} "
+            f"| {sum(r['noop_launches'] for r in rs)} | {sum(r['false_adoptions'] for r in rs)} | "
+            f"{sum(r['false_regressions'] for r in rs)} |"
+        )
+    for searched in sorted({r["search"] for r in results}, reverse=True):
+        rs = [r for r in results if r["search"] == searched]
+        ratios = [r["final_tok_s"] / cached[r["plan"]]["best_tok_s"] for r in rs]
+        share = [r["launches"] / cached[r["plan"]]["size"] for r in rs]
+        print(
+            f"| all | {'search' if searched else 'greedy'} | both | {len(rs)} | {statistics.mean(ratios):.3f} "
+            f"({min(ratios):.3f}) | {100 * statistics.mean(share):.1f}% (max {100 * max(share):.1f}%) of the grid | "
+            f"{sum(r['noop_launches'] for r in rs)} | {sum(r['false_adoptions'] for r in rs)} | "
+            f"{sum(r['false_regressions'] for r in rs)} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
