@@ -3,7 +3,8 @@
 A server is launched from an argv list (never a shell string) in its own process group and session, with its
 stdout and stderr in a log file under the session's state dir, and recorded in the ledger (pid, pgid, the pid's
 start time, URL, argv, log) as starting, then ready, then stopped or crashed with a classified failure
-(tools/engines/failures.py). Readiness is `/health` answering 200 and, for SGLang, the ready line in the log;
+(tools/engines/failures.py). Its environment carries the session's mark (agent/servers.py), so a pivot killed
+before recording it still leaves a server the next `Session.open` finds and stops. Readiness is `/health` answering 200 and, for SGLang, the ready line in the log;
 an exit while starting is noticed on the next poll and raised with the classified reason and the log's tail.
 Stopping sends SIGTERM to the whole group, waits a grace period, then SIGKILLs what is left.
 
@@ -31,7 +32,7 @@ import httpx
 
 from agent import models as m
 from agent.errors import PivotError
-from agent.servers import group_members, proc_start, stop_group
+from agent.servers import MARK_VAR, fault_point, group_members, proc_start, server_mark, stop_group
 from agent.session import Paths, ProgressCallback
 from agent.store import Store
 from tools.engines.failures import ANSI, UNKNOWN, diagnose, short_line
@@ -323,6 +324,8 @@ class ManagedServer:
             raise PivotError("this server was started already")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        if self.ledger is not None:  # found by the next Session.open even if pivot dies before recording it
+            env[MARK_VAR] = server_mark(self.ledger.store.path, self.ledger.session_id)
         with self.log_path.open("ab") as log:
             self._log_start = log.tell()
             try:
@@ -342,6 +345,7 @@ class ManagedServer:
                 ) from e
             except OSError as e:
                 raise PivotError(f"cannot launch {self.engine}: {self.argv[0]!r}: {e.strerror or e}") from e
+        fault_point("spawned")
         self.pid = self.pgid = self._proc.pid  # start_new_session: it leads its own session and process group
         self.proc_start = proc_start(self.pid)
         _register(self)
