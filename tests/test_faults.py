@@ -16,9 +16,12 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 from agent import models as m
 from agent.servers import FAULT_VAR
-from agent.session import Session
+from agent.session import Paths, Session
+from agent.store import Store
 
 PIVOT = [sys.executable, "-m", "agent.cli"]
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,3 +103,117 @@ def test_1_server_spawned_by_a_pivot_killed_before_recording_it_is_stopped_on_ne
         assert _wait_gone(tag), "the unrecorded server was left running"
     finally:
         _kill_tagged(tag)
+
+
+# ---------------------------------------------------------------------------------------------- 2
+
+SGLANG_REFUSES = {  # flags -> SGLang 0.5.23's own words (sglang/srt/arg_groups/validation_hook.py)
+    "--schedule-conservativeness -1": "schedule_conservativeness must be non-negative",
+    "--page-size 3": "chunked_prefill_size must be divisible by page_size",
+    "--page-size 99999999999999999999": "chunked_prefill_size must be divisible by page_size",
+    "--chunked-prefill-size 100 --page-size 64": "chunked_prefill_size must be divisible by page_size",
+    "--pp-max-micro-batch-size 0": "pp_max_micro_batch_size must be a positive integer",
+}
+TWIN_CANNOT = [
+    "--max-running-requests 0",
+    "--max-running-requests -1",
+    "--max-prefill-tokens -1",
+    "--mem-fraction-static nan",
+    "--mem-fraction-static inf",
+    "--mem-fraction-static 1e308",
+    "--pp-size -1",
+    "--tp-size -8",
+    "--page-size 99999999999999999999 --chunked-prefill-size -1",
+]
+
+
+@pytest.mark.parametrize("flags", list(SGLANG_REFUSES))
+def test_2_values_sglang_refuses_are_invalid_in_the_audit_and_refused_at_launch_in_its_words(flags, tmp_path):
+    from tools.engines.catalog import audit, load_catalog
+    from tools.engines.sim.engine import SimEngine, SimLaunchError
+
+    config = m.ServerConfig.parse(["--tp-size", "8", *flags.split()])
+    rows = audit(load_catalog("sglang", "0.5.23"), config)
+    assert any(r.status == "invalid" and SGLANG_REFUSES[flags] in (r.message or "") for r in rows), rows
+    with pytest.raises(SimLaunchError) as info:
+        SimEngine().launch(config, tmp_path / "x.log")
+    assert info.value.failure == "argument-validation" and SGLANG_REFUSES[flags] in info.value.message
+
+
+@pytest.mark.parametrize("flags", TWIN_CANNOT)
+def test_2_values_the_twin_cannot_simulate_are_a_clear_startup_error(flags, tmp_path):
+    from tools.engines.sim.engine import SimEngine, SimLaunchError
+
+    config = m.ServerConfig.parse(["--tp-size", "8", *flags.split()])
+    with pytest.raises(SimLaunchError) as info:
+        SimEngine().launch(config, tmp_path / "x.log")
+    assert info.value.failure == "not-simulable" and "cannot simulate" in info.value.message
+
+
+def test_2_every_twin_loop_is_bounded():
+    """Limits under which nothing can be admitted end at once instead of spinning at 100% CPU."""
+    import threading
+
+    import numpy as np
+
+    from tools.engines.sim.scheduler import SchedulerLimits, SimulationStuck, simulate_level
+    from tools.engines.sim.twin import Twin
+
+    twin = Twin.build("glm-5-nvfp4", "rtx-pro-6000-blackwell", 8, m.ServerConfig.parse(["--tp-size", "8"]))
+    outcome: list[object] = []
+
+    def run(limits: SchedulerLimits) -> None:
+        try:
+            simulate_level(twin.cost, limits, max_concurrency=4, input_lens=np.full(4, 64),
+                           output_lens=np.full(4, 8))  # fmt: skip
+            outcome.append("returned")
+        except SimulationStuck as e:
+            outcome.append(e)
+
+    for limits in (
+        SchedulerLimits(max_running_requests=0, kv_capacity_tokens=10_000, chunked_prefill_size=512,
+                        max_prefill_tokens=512),
+        SchedulerLimits(max_running_requests=8, kv_capacity_tokens=10_000, chunked_prefill_size=512,
+                        max_prefill_tokens=-1),
+    ):  # fmt: skip
+        outcome.clear()
+        worker = threading.Thread(target=run, args=(limits,), daemon=True)
+        worker.start()
+        worker.join(10)
+        assert not worker.is_alive(), f"the scheduler spins with {limits}"
+        assert isinstance(outcome[0], SimulationStuck), outcome
+
+
+BIG_BURST = "num_prompts = 150000\n"  # one level of this takes the twin tens of seconds
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_2_sigterm_and_sigint_end_the_in_process_sim_engine_promptly(sig, pivot_home, tmp_path):
+    text = (ROOT / "plans" / "glm5-nvfp4-rtxpro6000x8.toml").read_text()
+    text = text.replace("concurrency = [1, 256, 512, 1024, 2048]", "concurrency = [2048]")
+    text = text.replace("prompts_per_concurrency = 1.0\n", BIG_BURST)
+    assert BIG_BURST in text
+    plan = tmp_path / "big.toml"
+    plan.write_text(text)
+    proc = subprocess.Popen([*PIVOT, "run", str(plan)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT)  # fmt: skip
+    try:
+        for line in proc.stderr:
+            if "benchmarking levels" in line:
+                break
+        time.sleep(1.0)  # well inside the level
+        assert proc.poll() is None
+        sent = time.monotonic()
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # The target is one second; a 2-core host shared with other work needs some slack for the interpreter's exit.
+    # Before the fix the level ran to its end (tens of seconds) and the process with it.
+    assert took < 2.5, f"pivot took {took:.1f} s to end after {sig.name}"
+    assert proc.returncode in (128 + sig, 130, 1, -sig), proc.returncode
+    (summary,) = Store(Paths.from_env().db_path).session_summaries()
+    assert summary.status == "stopped"

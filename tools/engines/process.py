@@ -148,7 +148,14 @@ _previous_handlers: dict[int, Any] = {}
 _pinned = False  # install_signal_handlers() was called: keep the handlers when no server runs
 _atexit_installed = False
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_signals_received = 0  # SIGINT/SIGTERM handled so far: in-process work (the sim engine) stops when it grows
 handle_signals = True  # set False where the embedding program owns SIGINT/SIGTERM (it must stop servers itself)
+
+
+def signals_received() -> int:
+    """How many SIGINT/SIGTERM pivot's handlers have taken so far: work running in a thread (the in-process sim
+    engine's benchmark) compares it with the count when it began, and stops when it has grown."""
+    return _signals_received
 
 
 def live_servers() -> list[ManagedServer]:
@@ -210,6 +217,8 @@ def _restore_handlers() -> None:
 
 def _on_signal(signum: int, frame: Any) -> None:
     """SIGINT or SIGTERM while servers run: stop them all (no ledger writes here), then do what the signal meant."""
+    global _signals_received
+    _signals_received += 1
     previous = _previous_handlers.get(signum, signal.SIG_DFL)
     servers = live_servers()
     _restore_handlers()  # a second Ctrl-C while stopping interrupts the wait; atexit then finishes the job

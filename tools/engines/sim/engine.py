@@ -8,7 +8,7 @@ from agent import models as m
 from agent.errors import PivotError
 from agent.session import ProgressCallback
 from tools.engines.catalog import CatalogError, audit, load_catalog
-from tools.engines.sim.scheduler import LevelSimulation
+from tools.engines.sim.scheduler import LevelSimulation, SimulationStopped
 from tools.engines.sim.twin import Twin, TwinStartupError
 
 VERSION = "0.5.23"
@@ -54,9 +54,19 @@ class SimDeployment:
 
     def benchmark(self, spec: m.BenchSpec, on_progress: ProgressCallback | None = None) -> m.BenchResult:
         """Simulate the sweep; a fault under load is logged, its level's requests fail, and the server is down."""
+        from tools.engines import process
+
         result = m.BenchResult(spec=spec, engine="sim", source="simulated")
         self.level_telemetry, self._sims = [], []
-        for level, sim in self.twin.predict(spec, noise=self.noise, down=not self._alive, seed=self.seed):
+        signals = process.signals_received()
+        alive = self._alive
+
+        def check() -> None:  # SIGTERM/SIGINT since it began, or stopped (a TUI cancel): end within a second
+            if process.signals_received() != signals or (alive and not self._alive):
+                raise SimulationStopped("the simulated benchmark was stopped before it finished")
+
+        levels = self.twin.predict(spec, noise=self.noise, down=not alive, seed=self.seed, check=check)
+        for level, sim in levels:
             result.levels.append(level)
             if not sim.records:  # the server was already down: nothing ran
                 continue
