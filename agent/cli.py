@@ -102,12 +102,17 @@ def _gist(text: str | None, limit: int = 48) -> str:
 
 @cli.command()
 @click.argument("session_ref", metavar="SESSION")
-@click.option("--force", is_flag=True, help="Clear the lock even if its process is still running here.")
+@click.option(
+    "--force", is_flag=True, hidden=True, help="Refused like the plain command while the lock's process runs here."
+)
 @pass_home
 def unlock(home: Home, session_ref: str, force: bool) -> None:
-    """Clear a session's lock left by a process that is gone (or by a host that no longer exists)."""
+    """Clear a session's lock left by a process that is gone (or by a host that no longer exists).
+
+    A lock whose process still runs on this host is never cleared (not with --force either): stop that process.
+    """
     session = home.store.get_session(session_ref)
-    pid = home.store.break_session_lock(session.id, force=force)
+    pid = home.store.break_session_lock(session.id)
     out.print(f"session {session.id}: " + (f"lock of pid {pid} cleared" if pid else "was not locked"))
 
 

@@ -650,10 +650,11 @@ class Store:
             )
         return notice
 
-    def break_session_lock(self, session_id: str, *, force: bool = False) -> int | None:
+    def break_session_lock(self, session_id: str) -> int | None:
         """Clear a session's lock when its holder is gone (or held from another host); returns the old pid.
 
-        A holder alive on this host is refused unless `force`: stopping it is the right fix then.
+        A holder alive on this host is always refused: it is a live run, and clearing its lock would let a second
+        process stop its server and run its experiments again. Stopping it is the fix; its own exit releases it.
         """
         with self._write() as db:
             rows = list(db["sessions"].rows_where("id = ?", [session_id]))
@@ -664,10 +665,12 @@ class Store:
             if pid is None:
                 return None
             here = row["lock_host"] == socket.gethostname()
-            if here and _pid_alive(pid, row["lock_proc_start"]) and not force:
+            if here and _pid_alive(pid, row["lock_proc_start"]):
                 raise SessionLocked(
-                    f"session {session_id} is in use by pid {pid}, which is running",
-                    hint=f"stop it (kill {pid}) instead; --force clears the lock anyway",
+                    f"session {session_id} is in use by pid {pid}, which is running on this host; its lock is not "
+                    "cleared while it runs",
+                    hint=f"stop that pivot first: Ctrl-C in its terminal, or `kill {pid}` (it stops its servers and "
+                    "releases the lock); then run the command again",
                 )
             db.execute(_UNLOCK + "where id = ?", [session_id])
             return pid

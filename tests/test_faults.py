@@ -217,3 +217,34 @@ def test_2_sigterm_and_sigint_end_the_in_process_sim_engine_promptly(sig, pivot_
     assert proc.returncode in (128 + sig, 130, 1, -sig), proc.returncode
     (summary,) = Store(Paths.from_env().db_path).session_summaries()
     assert summary.status == "stopped"
+
+
+# ---------------------------------------------------------------------------------------------- 3
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from agent.store import Store
+    store = Store(sys.argv[1])
+    store.acquire_session(sys.argv[2])
+    print("locked", flush=True)
+    time.sleep(120)
+    """
+)
+
+
+def test_3_unlock_force_refuses_while_the_owner_is_alive_here_and_says_how_to_stop_it(paths, store, small_plan):
+    store.create_session(m.Session(id="lock09", name="x", plan=small_plan, engine="sim"))
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(paths.db_path), "lock09"], stdout=subprocess.PIPE,
+                              text=True, cwd=ROOT)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        proc = subprocess.run([*PIVOT, "unlock", "lock09", "--force"], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr
+        assert f"in use by pid {holder.pid}, which is running on this host" in proc.stderr
+        assert f"kill {holder.pid}" in proc.stderr and "Ctrl-C" in proc.stderr
+        assert "--force" not in proc.stderr  # the old hint suggested it
+        assert store.session_lock("lock09") == holder.pid  # still the live run's
+    finally:
+        holder.kill()
+        holder.wait()
