@@ -248,3 +248,61 @@ def test_3_unlock_force_refuses_while_the_owner_is_alive_here_and_says_how_to_st
     finally:
         holder.kill()
         holder.wait()
+
+
+# ---------------------------------------------------------------------------------------------- 4
+
+FOREIGN = textwrap.dedent(
+    """
+    import http.server, sys
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+        def log_message(self, *a):
+            pass
+    s = http.server.HTTPServer(("127.0.0.1", 0), H)
+    print(s.server_address[1], flush=True)
+    s.serve_forever()
+    """
+)
+
+
+@pytest.fixture
+def foreign_server():
+    """Another process's server answering /health 200 on a port: (its port)."""
+    proc = subprocess.Popen([sys.executable, "-c", FOREIGN], stdout=subprocess.PIPE, text=True)
+    try:
+        yield int(proc.stdout.readline())
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_4_an_occupied_port_is_refused_before_launch(foreign_server, tmp_path):
+    from tools.engines.process import ServerStartError
+    from tools.engines.sglang import SGLangEngine
+
+    engine = SGLangEngine(command=[sys.executable, "-c", "import time; time.sleep(60)"], require_model=False)
+    with pytest.raises(ServerStartError) as info:
+        engine.launch(m.ServerConfig.parse(["--port", str(foreign_server)]), tmp_path / "x.log")
+    assert info.value.failure == "port-in-use" and f":{foreign_server}" in info.value.message
+
+
+def test_4_another_process_answering_health_is_never_taken_for_the_server(foreign_server, tmp_path, monkeypatch):
+    """The port check passed (the other server came up after it): /health 200 without the ready line from a
+    socket that is not the server's own does not make it ready."""
+    from tools.engines import process
+    from tools.engines.process import ManagedServer, ServerStartError
+
+    monkeypatch.setattr(process, "READY_LINE_GRACE_S", 0.3)
+    monkeypatch.setattr(process, "port_answers", lambda url, timeout_s=0.5: False, raising=False)
+    server = ManagedServer([sys.executable, "-c", "import time; time.sleep(60)"], log_path=tmp_path / "s.log",
+                           base_url=f"http://127.0.0.1:{foreign_server}", engine="sglang", stop_grace_s=2)  # fmt: skip
+    server.start()
+    try:
+        with pytest.raises(ServerStartError) as info:
+            server.wait_ready(3.0)
+        assert info.value.failure == "startup-timeout" and not server.ready
+    finally:
+        server.stop(grace_s=1)

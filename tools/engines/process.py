@@ -4,7 +4,9 @@ A server is launched from an argv list (never a shell string) in its own process
 stdout and stderr in a log file under the session's state dir, and recorded in the ledger (pid, pgid, the pid's
 start time, URL, argv, log) as starting, then ready, then stopped or crashed with a classified failure
 (tools/engines/failures.py). Its environment carries the session's mark (agent/servers.py), so a pivot killed
-before recording it still leaves a server the next `Session.open` finds and stops. Readiness is `/health` answering 200 and, for SGLang, the ready line in the log;
+before recording it still leaves a server the next `Session.open` finds and stops. Readiness is `/health` answering 200 from the server's own process and, for SGLang, the ready line in the log
+(without the line, the listening socket must belong to the server's process group); a port that already answers
+before launch is refused, so another process's server is never taken for ours;
 an exit while starting is noticed on the next poll and raised with the classified reason and the log's tail.
 Stopping sends SIGTERM to the whole group, waits a grace period, then SIGKILLs what is left.
 
@@ -27,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -275,6 +278,53 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def port_answers(base_url: str, timeout_s: float = 0.5) -> bool:
+    """Whether something already accepts TCP connections at the URL's host and port."""
+    parts = urlsplit(base_url)
+    if parts.hostname is None:
+        return False
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _listen_inodes(port: int) -> set[str]:
+    """Inodes of the sockets listening on TCP `port` on this host (/proc/net/tcp and tcp6); empty without /proc."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    return inodes
+
+
+def group_listens(pgid: int, port: int, *, started_since: str | None = None) -> bool | None:
+    """Whether a process of group `pgid` holds the socket listening on `port`; None when this host cannot say
+    (no /proc, or the server runs elsewhere: a container, another host)."""
+    inodes = _listen_inodes(port)
+    if not inodes:
+        return None
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    for pid in group_members(pgid, started_since=started_since):
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                if os.readlink(fd) in wanted:
+                    return True
+    return False
+
+
 def url_for(host: str, port: int) -> str:
     """The base URL a client uses for a server bound to host:port (a wildcard address is reached on loopback)."""
     host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
@@ -332,6 +382,15 @@ class ManagedServer:
         if self._proc is not None:
             raise PivotError("this server was started already")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if port_answers(self.base_url):
+            message = f"something already listens at {self.base_url}, so {self.engine} was not launched there"
+            self.failure = "port-in-use"
+            raise ServerStartError(
+                message,
+                failure="port-in-use",
+                log_tail=[message],
+                log_path=self.log_path,
+            )
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         if self.ledger is not None:  # found by the next Session.open even if pivot dies before recording it
             env[MARK_VAR] = server_mark(self.ledger.store.path, self.ledger.session_id)
@@ -432,7 +491,9 @@ class ManagedServer:
         """Return once /health answers 200 and the ready line is logged; raise ServerStartError if it exits or times out.
 
         A timed-out server is stopped (recorded as stopped, failure startup-timeout). When /health has answered
-        200 for READY_LINE_GRACE_S without the ready line (a log level that hides it), the server counts as ready.
+        200 for READY_LINE_GRACE_S without the ready line (a log level that hides it), the server counts as ready
+        only if the socket listening on the health port belongs to its process group (another process's server on
+        that port is never taken for it).
         """
         if self._proc is None:
             raise PivotError("the server was never started")
@@ -457,7 +518,7 @@ class ManagedServer:
                 now = time.monotonic()
                 if status == 200:
                     healthy_since = healthy_since if healthy_since is not None else now
-                    if line_seen or now - healthy_since >= READY_LINE_GRACE_S:
+                    if line_seen or (now - healthy_since >= READY_LINE_GRACE_S and self._answers_itself()):
                         break
                 else:
                     healthy_since = None
@@ -477,6 +538,15 @@ class ManagedServer:
         self._record("ready")
         if on_progress is not None:
             on_progress(f"ready after {time.monotonic() - t0:.1f} s at {self.base_url}")
+
+    def _answers_itself(self) -> bool:
+        """Without the ready line: whether the socket answering /health is this server's (its process group's).
+        When this host cannot tell (the server runs in a container or elsewhere), /health alone has to do."""
+        port = urlsplit(self.health_url).port
+        if port is None:
+            return True
+        ours = group_listens(self.pgid, port, started_since=self.proc_start)
+        return ours is None or ours
 
     def _start_failure(self) -> ServerStartError:
         tail = self.log_tail(CLASSIFY_LINES)
