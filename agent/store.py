@@ -400,6 +400,7 @@ class Store:
             raise LedgerError(f"cannot open the ledger {self.path}: {e}") from e
         self.db = Database(conn)
         try:
+            self._check_integrity(conn)
             self.db.execute("PRAGMA foreign_keys = ON")
             if self.db.journal_mode != "wal":
                 self.db.enable_wal()
@@ -425,6 +426,13 @@ class Store:
             head = f.read(len(SQLITE_MAGIC))
         if head and head != SQLITE_MAGIC:
             raise self._corrupt("not an SQLite database")
+
+    def _check_integrity(self, conn: sqlite3.Connection) -> None:
+        """SQLite's quick_check, once per open and before anything is written: a ledger damaged in its middle pages
+        opens without complaint and would take writes (new sessions) into a broken b-tree."""
+        rows = [str(r[0]) for r in conn.execute("PRAGMA quick_check(3)").fetchall()]
+        if rows != ["ok"]:
+            raise sqlite3.DatabaseError("; ".join(rows))
 
     def _corrupt(self, cause: object) -> LedgerError:
         return LedgerError(

@@ -306,3 +306,31 @@ def test_4_another_process_answering_health_is_never_taken_for_the_server(foreig
         assert info.value.failure == "startup-timeout" and not server.ready
     finally:
         server.stop(grace_s=1)
+
+
+# ---------------------------------------------------------------------------------------------- 5
+
+
+def test_5_a_ledger_damaged_in_its_middle_pages_is_refused_and_truly_left_untouched(paths, small_plan):
+    import hashlib
+
+    from agent.errors import LedgerError
+
+    with Store(paths.db_path) as store:
+        store.create_session(m.Session(id="dmg001", name="d", plan=small_plan, engine="sim"))
+        store.append_messages("dmg001", [f'{{"n": {i}, "pad": "{"x" * 400}"}}' for i in range(2000)])
+    data = bytearray(paths.db_path.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    pages = len(data) // page
+    assert pages > 20
+    middle = (pages // 2) * page
+    data[middle : middle + page] = os.urandom(page)  # one middle page of the messages' b-tree
+    paths.db_path.write_bytes(bytes(data))
+    digest = hashlib.sha256(paths.db_path.read_bytes()).hexdigest()
+    with pytest.raises(LedgerError, match="damaged"):
+        Store(paths.db_path)
+    proc = subprocess.run([*PIVOT, "run", "glm5-nvfp4-rtxpro6000x8", "--concurrency", "1"], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)  # fmt: skip
+    assert proc.returncode == 1 and "damaged" in proc.stderr and "left untouched" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert hashlib.sha256(paths.db_path.read_bytes()).hexdigest() == digest  # what the message says is true
