@@ -6,6 +6,8 @@ Tables and text go to stdout; with --json, stdout carries JSON alone and everyth
 
 from __future__ import annotations
 
+import errno
+import sqlite3
 import sys
 from collections.abc import Callable
 from functools import cached_property
@@ -40,10 +42,35 @@ class PivotGroup(click.Group):
         try:
             return super().invoke(ctx)
         except PivotError as e:
-            err.print(f"[bold red]error:[/] {e.message}", markup=True)
-            if e.hint:
-                err.print(f"[yellow]hint:[/] {e.hint}", markup=True)
-            ctx.exit(1)
+            _fail(ctx, e)
+        except OSError as e:  # a home that cannot be written (read-only, not ours, full): one line and a hint
+            if e.errno not in UNWRITABLE_ERRNOS:
+                raise
+            where = f" {e.filename}" if e.filename else ""
+            home = ctx.obj.paths.home if isinstance(ctx.obj, Home) else "its home"
+            _fail(ctx, PivotError(
+                f"cannot write{where}: {e.strerror or e}",
+                hint=f"pivot writes its ledger, logs and documents under its home ({home}): make it writable, or "
+                "point --home/PIVOT_HOME at a directory that is",
+            ))  # fmt: skip
+        except sqlite3.OperationalError as e:
+            if "readonly" not in str(e) and "unable to open" not in str(e):
+                raise
+            home = ctx.obj.paths.home if isinstance(ctx.obj, Home) else "its home"
+            _fail(ctx, PivotError(
+                f"cannot write the ledger: {e}",
+                hint=f"make {home} writable, or point --home/PIVOT_HOME at a directory that is",
+            ))  # fmt: skip
+
+
+UNWRITABLE_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
+
+
+def _fail(ctx: click.Context, e: PivotError) -> None:
+    err.print(f"[bold red]error:[/] {e.message}", markup=True, highlight=False)
+    if e.hint:
+        err.print(f"[yellow]hint:[/] {e.hint}", markup=True, highlight=False)
+    ctx.exit(1)
 
 
 def _when(value: Any) -> str:

@@ -393,10 +393,15 @@ class Store:
         self.path = Path(path)
         self._lock = threading.RLock()
         self._check_file()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise self._unwritable(e.strerror or str(e)) from e
         try:
             conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
         except sqlite3.Error as e:
+            if not self._writable():
+                raise self._unwritable(str(e)) from e
             raise LedgerError(f"cannot open the ledger {self.path}: {e}") from e
         self.db = Database(conn)
         try:
@@ -407,6 +412,8 @@ class Store:
             self.applied = self._migrate(migrations)
         except sqlite3.DatabaseError as e:
             conn.close()
+            if not self._writable() or "readonly" in str(e):
+                raise self._unwritable(str(e)) from e
             raise self._corrupt(e) from e
 
     @classmethod
@@ -433,6 +440,22 @@ class Store:
         rows = [str(r[0]) for r in conn.execute("PRAGMA quick_check(3)").fetchall()]
         if rows != ["ok"]:
             raise sqlite3.DatabaseError("; ".join(rows))
+
+    def _writable(self) -> bool:
+        """Whether this process may write the ledger and create its -wal and -shm files beside it."""
+        folder = self.path.parent
+        if not os.access(folder, os.W_OK):
+            return False
+        return not self.path.exists() or os.access(self.path, os.W_OK)
+
+    def _unwritable(self, cause: object) -> LedgerError:
+        home = self.path.parent.parent
+        return LedgerError(
+            f"cannot write the ledger {self.path}: the directory is read-only or not yours ({cause}); nothing was "
+            "changed",
+            hint=f"pivot keeps its ledger, logs and documents under its home ({home}): make that directory writable, "
+            "or point --home/PIVOT_HOME at one that is",
+        )
 
     def _corrupt(self, cause: object) -> LedgerError:
         return LedgerError(
@@ -479,6 +502,8 @@ class Store:
 
     def _wrap(self, e: sqlite3.DatabaseError) -> PivotError:
         text = str(e)
+        if "readonly" in text or "read-only" in text:
+            return self._unwritable(text)
         if "locked" in text or "busy" in text:
             return LedgerError(f"the ledger {self.path} stayed locked for {BUSY_TIMEOUT_S:.0f} s: {text}")
         return self._corrupt(text)

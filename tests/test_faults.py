@@ -334,3 +334,67 @@ def test_5_a_ledger_damaged_in_its_middle_pages_is_refused_and_truly_left_untouc
     assert proc.returncode == 1 and "damaged" in proc.stderr and "left untouched" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert hashlib.sha256(paths.db_path.read_bytes()).hexdigest() == digest  # what the message says is true
+
+
+# ---------------------------------------------------------------------------------------------- 6
+
+
+@pytest.fixture
+def read_only():
+    """Make a directory read-only for this process: chmod for a normal user, a read-only bind mount for root."""
+    done: list[tuple[str, Path]] = []
+
+    def make(path: Path) -> None:
+        if os.geteuid() != 0:
+            for p in [path, *path.rglob("*")]:
+                p.chmod(p.stat().st_mode & ~0o222)
+            done.append(("chmod", path))
+            return
+        ok = subprocess.run(["mount", "--bind", "-o", "ro", str(path), str(path)], capture_output=True).returncode
+        if ok != 0:
+            pytest.skip("root without the right to bind-mount read-only: no way to make a read-only directory")
+        done.append(("mount", path))
+
+    yield make
+    for how, path in reversed(done):
+        if how == "mount":
+            subprocess.run(["umount", str(path)], check=True)
+        else:
+            for p in [path, *path.rglob("*")]:
+                p.chmod(p.stat().st_mode | 0o200)
+
+
+def _one_line_and_a_hint(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("warning: ")]
+    assert len(lines) == 2 and lines[0].startswith("error: ") and lines[1].startswith("hint: "), proc.stderr
+    assert "writable" in lines[1]
+
+
+def test_6_a_read_only_home_gives_one_line_and_a_hint_for_every_write_command(tmp_path, small_plan, read_only):
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    used = tmp_path / "used"
+    with Store(used / "state" / "pivot.db") as store:
+        store.create_session(m.Session(id="ro0001", name="r", plan=small_plan, engine="sim"))
+    read_only(fresh)
+    read_only(used)
+    run = ["run", "glm5-nvfp4-rtxpro6000x8", "--concurrency", "1"]
+    for home, command in ((fresh, ["demo"]), (fresh, run), (used, run), (used, ["summary", "ro0001", "--html"]),
+                          (used, ["unlock", "ro0001"])):  # fmt: skip
+        proc = subprocess.run([*PIVOT, "--home", str(home), *command], capture_output=True, text=True,
+                              timeout=120, cwd=ROOT)  # fmt: skip
+        _one_line_and_a_hint(proc)
+        assert "damaged" not in proc.stderr  # a read-only ledger is not a damaged one
+
+
+def test_6_a_read_only_docs_out_gives_one_line_and_a_hint(tmp_path, small_plan, read_only):
+    home = tmp_path / "home"
+    with Store(home / "state" / "pivot.db") as store:
+        store.create_session(m.Session(id="ro0002", name="r", plan=small_plan, engine="sim"))
+    (home / "docs_out").mkdir()
+    read_only(home / "docs_out")
+    proc = subprocess.run([*PIVOT, "--home", str(home), "summary", "ro0002", "--html"], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)  # fmt: skip
+    _one_line_and_a_hint(proc)
