@@ -241,6 +241,7 @@ async def run_async(
     store = session.store
     history = load_history(session)
     stored = len(history)
+    cut_short = {p.tool_name for p in unanswered(history)}
     open_pivot = store.open_pivot(session.id)
     deferred: DeferredToolResults | None = None
     if open_pivot is not None:
@@ -261,6 +262,12 @@ async def run_async(
                 session.id, m.Pivot(question="(message from the user)", answer=answer, answered_at=m.utcnow())
             )
             prompt = answer
+    if "write_status_summary" in cut_short:  # killed while writing it: finish what it left half-done
+        from agent import reports
+
+        done = reports.complete_status(session)
+        if done is not None:
+            session.emit("warning", f"completed {done.path}, left unwritten by the step that was cut short")
     if not history and prompt is None:
         prompt = START_PROMPT
     if prompt is not None and history and isinstance(history[-1], ModelRequest):

@@ -398,3 +398,24 @@ def test_6_a_read_only_docs_out_gives_one_line_and_a_hint(tmp_path, small_plan, 
     proc = subprocess.run([*PIVOT, "--home", str(home), "summary", "ro0002", "--html"], capture_output=True,
                           text=True, timeout=120, cwd=ROOT)  # fmt: skip
     _one_line_and_a_hint(proc)
+
+
+# ---------------------------------------------------------------------------------------------- 7
+
+
+def test_7_resume_completes_a_status_summary_whose_html_and_charts_a_kill_left_unwritten(paths):
+    killed = subprocess.run([*PIVOT, "demo"], env={**os.environ, FAULT_VAR: "status-markdown-written"},
+                            capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    with Store(paths.db_path) as store:
+        (session,) = store.list_sessions()
+    docs = paths.docs_dir(session.id)
+    assert (docs / "status-001.md").exists() and not (docs / "status-001.html").exists()
+    proc = subprocess.run([*PIVOT, "resume", session.id], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert (docs / "status-001.html").exists()
+    charts = sorted(p.name for p in (docs / "charts").glob("status-001-*.png"))
+    assert charts and all(f"charts/{name}" in (docs / "status-001.html").read_text() for name in charts)
+    with Store(paths.db_path) as store:
+        recorded = {d.path for d in store.documents(session.id)}
+    assert f"docs_out/{session.id}/status-001.html" in recorded
