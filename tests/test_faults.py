@@ -419,3 +419,31 @@ def test_7_resume_completes_a_status_summary_whose_html_and_charts_a_kill_left_u
     with Store(paths.db_path) as store:
         recorded = {d.path for d in store.documents(session.id)}
     assert f"docs_out/{session.id}/status-001.html" in recorded
+
+
+# ---------------------------------------------------------------------------------------------- 8
+
+
+def test_8_a_rerun_after_a_mid_benchmark_kill_leaves_a_raw_file_with_the_ledgers_levels(paths, tmp_path):
+    from tests.test_agent import TEST_PLAN
+    from tools.loadgen import read_jsonl
+
+    plan = tmp_path / "plan.toml"
+    plan.write_text(TEST_PLAN.replace("concurrency = [1, 32, 128]", "concurrency = [4, 8, 16]"))
+    args = [*PIVOT, "run", str(plan), "--engine", "sim-http", "-o", "time_scale=20", "-q"]
+    killed = subprocess.run(args, env={**os.environ, FAULT_VAR: "raw-level-written"}, capture_output=True,
+                            text=True, timeout=180, cwd=ROOT)  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    with Store(paths.db_path) as store:
+        (session,) = store.list_sessions()
+    raw = paths.raw_dir(session.id)
+    assert len(read_jsonl(raw / "exp001-run1.jsonl")) == 1  # the level written before the kill
+    resumed = subprocess.run([*PIVOT, "resume", session.id, "-q"], capture_output=True, text=True, timeout=300,
+                             cwd=ROOT)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    with Store(paths.db_path) as store:
+        (first, *_) = store.bench_results(1)
+    assert [lv.max_concurrency for lv in read_jsonl(raw / "exp001-run1.jsonl")] == [
+        lv.max_concurrency for lv in first.levels
+    ]
+    assert len(read_jsonl(raw / "exp001-run1.abandoned-1.jsonl")) == 1  # the abandoned attempt, marked as such

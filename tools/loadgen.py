@@ -56,6 +56,7 @@ from yarl import URL
 
 from agent.errors import PivotError
 from agent.models import BenchLevel, BenchResult, BenchSpec, utcnow
+from agent.servers import fault_point
 from tools.httpstream import HttpStreamClient, StreamError
 from tools.metrics import DEFAULT_VOCAB_SIZE, RequestRecord, compute_level, workload_draws
 
@@ -617,6 +618,7 @@ def append_jsonl(path: Path, level: BenchLevel) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:
         f.write(json.dumps(level.model_dump()) + "\n")
+    fault_point("raw-level-written")
 
 
 def read_jsonl(path: Path) -> list[BenchLevel]:
