@@ -98,6 +98,7 @@ def _start(
     if levels:
         workload = plan.workload.model_copy(update={"concurrency": m.parse_levels(levels)})
         plan = plan.model_copy(update={"workload": workload})
+    _preflight(engine, plan)
     model_name = _default_model(method["model"])
     if model_name != loop.AUTOPILOT:  # a missing key fails here, before a session is recorded for nothing
         loop.provider_model(model_name, method["model_base_url"])
@@ -117,6 +118,21 @@ def _start(
         _install_signals()
         outcome = loop.run(session)
     _report(session, outcome, method["as_json"])
+
+
+def _preflight(engine: str, plan: m.Plan) -> None:
+    """What would stop the campaign at its first benchmark, refused before a session or a server exists: a
+    concurrency this process cannot open the sockets for (engines benchmarked over HTTP; sim runs in process)."""
+    if engine == "sim":
+        return
+    from tools import loadgen
+
+    top = max(plan.workload.concurrency)
+    try:
+        loadgen.check_open_files(top)
+    except PivotError as e:
+        raise PivotError(f"concurrency {top} cannot be benchmarked here: {e.message}; nothing was launched",
+                         hint=e.hint) from e  # fmt: skip
 
 
 def _install_signals() -> None:
@@ -282,6 +298,7 @@ def resume(
             )
             return
         loop.resolve_model(session)
+        _preflight(session.record.engine, session.plan)
         _install_signals()
         outcome = loop.run(session, answer=answer)
     _report(session, outcome, as_json)

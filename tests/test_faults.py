@@ -447,3 +447,22 @@ def test_8_a_rerun_after_a_mid_benchmark_kill_leaves_a_raw_file_with_the_ledgers
         lv.max_concurrency for lv in first.levels
     ]
     assert len(read_jsonl(raw / "exp001-run1.abandoned-1.jsonl")) == 1  # the abandoned attempt, marked as such
+
+
+# ---------------------------------------------------------------------------------------------- 9
+
+
+def _low_open_files() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+
+def test_9_a_concurrency_this_host_cannot_open_is_refused_before_anything_is_launched(paths):
+    proc = subprocess.run([*PIVOT, "run", "glm5-nvfp4-rtxpro6000x8", "--engine", "sim-http", "--concurrency",
+                           "1,100000"], capture_output=True, text=True, timeout=180, cwd=ROOT,
+                          preexec_fn=_low_open_files)  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "concurrency 100000 cannot be benchmarked here" in proc.stderr and "nothing was launched" in proc.stderr
+    with Store(paths.db_path) as store:
+        assert store.list_sessions() == []  # no session left active, no experiment left running, no server

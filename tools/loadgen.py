@@ -558,6 +558,12 @@ def _raise_open_files(needed: int) -> None:
             )
 
 
+def check_open_files(max_concurrency: int) -> None:
+    """Before anything is launched: raise PivotError when this process cannot open the sockets a level of
+    `max_concurrency` needs (the limit is raised as far as the hard limit allows, as bench_serving does)."""
+    _raise_open_files(max_concurrency + 256)
+
+
 async def probe(base_url: str, *, connect_timeout_s: float = 5.0) -> str | None:
     """Fail fast when nothing answers at base_url; the served model's name from `GET /v1/models`, if it has one."""
     timeout = aiohttp.ClientTimeout(total=max(10.0, connect_timeout_s * 2), sock_connect=connect_timeout_s)
