@@ -14,11 +14,12 @@ from functools import cached_property
 from typing import Any
 
 import click
+from rich.text import Text
 
 from agent import __version__, plugins
 from agent import models as m
 from agent.console import dump, err, make_table, out, print_json, warn
-from agent.errors import PivotError
+from agent.errors import PivotError, redact
 from agent.plans import bundled_plans, load_plan
 from agent.session import Paths
 from agent.store import Store
@@ -67,9 +68,9 @@ UNWRITABLE_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno
 
 
 def _fail(ctx: click.Context, e: PivotError) -> None:
-    err.print(f"[bold red]error:[/] {e.message}", markup=True, highlight=False)
+    err.print(Text.assemble(("error:", "bold red"), " ", redact(e.message)))
     if e.hint:
-        err.print(f"[yellow]hint:[/] {e.hint}", markup=True, highlight=False)
+        err.print(Text.assemble(("hint:", "yellow"), " ", redact(e.hint)))
     ctx.exit(1)
 
 

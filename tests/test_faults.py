@@ -466,3 +466,97 @@ def test_9_a_concurrency_this_host_cannot_open_is_refused_before_anything_is_lau
     assert "concurrency 100000 cannot be benchmarked here" in proc.stderr and "nothing was launched" in proc.stderr
     with Store(paths.db_path) as store:
         assert store.list_sessions() == []  # no session left active, no experiment left running, no server
+
+
+# ---------------------------------------------------------------------------------------------- 10
+
+KEYS = {
+    "PIVOT_MODEL_API_KEY": "pivot-model-key-0123456789",
+    "OPENAI_API_KEY": "sk-openai0123456789abcdef",
+    "ANTHROPIC_API_KEY": "sk-ant-0123456789abcdef",
+}
+
+# A server that logs the Authorization header of every request and answers every generation request with an SSE
+# error echoing it (as a server that refuses a key may): the attack's 401 body, in a form the client reads.
+ECHO = textwrap.dedent(
+    """
+    import http.server, sys
+    class H(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        def _answer(self):
+            auth = self.headers.get("Authorization")
+            print("auth:", auth, flush=True)
+            if self.path == "/health":
+                body, kind = b"ok", "text/plain"
+            else:
+                body = ('data: {"error": {"message": "invalid key: ' + str(auth) + '"}}\\n\\n').encode()
+                kind = "text/event-stream"
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        def do_GET(self):
+            self._answer()
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self._answer()
+        def log_message(self, *a):
+            pass
+    http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+    """
+)
+
+
+def test_10_servers_get_no_model_keys_and_pivot_run_sends_no_authorization(tmp_path, monkeypatch):
+    from tools.engines.http import HttpDeployment
+    from tools.engines.process import ManagedServer, free_port
+
+    for name, value in KEYS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("HF_TOKEN", "hf_kept_for_gated_weights")
+    port = free_port()
+    server = ManagedServer([sys.executable, "-c", ECHO, str(port)], log_path=tmp_path / "s.log",
+                           base_url=f"http://127.0.0.1:{port}", engine="command", ready_line=None,
+                           stop_grace_s=2)  # fmt: skip
+    server.start()
+    try:
+        server.wait_ready(30)
+        environ = Path(f"/proc/{server.pid}/environ").read_bytes().decode()
+        assert not any(f"{name}=" in environ for name in KEYS), "a model key reached the server's environment"
+        assert "HF_TOKEN=hf_kept_for_gated_weights" in environ
+        spec = m.BenchSpec(concurrency=[2], random_input_len=8, random_output_len=4, warmup_requests=0)
+        result = HttpDeployment(server, engine="command", warmup_pause_s=0).benchmark(spec)
+        log = server.log_path.read_text()
+        assert "auth: None" in log and "Bearer" not in log  # pivot run's benchmark: no Authorization header
+        assert result.levels[0].failed == spec.prompts_for(2)
+    finally:
+        server.stop(grace_s=1)
+
+
+def test_10_pivot_bench_keeps_bench_servings_header_and_redacts_echoed_keys(tmp_path, monkeypatch):
+    from tools import loadgen
+    from tools.engines.process import free_port
+
+    for name, value in KEYS.items():
+        monkeypatch.setenv(name, value)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", ECHO, str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if subprocess.run(["python3", "-c", f"import socket; socket.create_connection(('127.0.0.1', {port}))"],
+                              capture_output=True).returncode == 0:  # fmt: skip
+                break
+            time.sleep(0.1)
+        spec = m.BenchSpec(concurrency=[2], random_input_len=8, random_output_len=4, warmup_requests=0)
+        result = loadgen.benchmark(f"http://127.0.0.1:{port}", spec, warmup_pause_s=0)
+        (level,) = result.levels
+        assert level.failed == spec.prompts_for(2)
+        reasons = " ".join(level.errors)
+        assert "invalid key" in reasons and "[redacted]" in reasons
+        assert not any(value in reasons for value in KEYS.values()), reasons
+    finally:
+        proc.kill()
+        out = proc.communicate()[0]
+    assert f"auth: Bearer {KEYS['OPENAI_API_KEY']}" in out  # bench_serving's behaviour, kept for pivot bench

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import os
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -126,15 +127,27 @@ class HttpDeployment:
         warmup_pause_s: float = 1.0,
         time_scale: float | None = None,
         audit: Sequence[m.FlagIssue] = (),
+        auth_env: str | None = None,
     ) -> None:
         self.server, self.engine, self.source, self.backend = server, engine, source, backend
         self.endpoint, self.model, self.warmup_pause_s, self.time_scale = endpoint, model, warmup_pause_s, time_scale
         self.audit = list(audit)
+        self.auth_env = auth_env  # opt-in: the environment variable whose value goes as the benchmark's Bearer token
         self.level_telemetry: list[m.Telemetry] = []  # per level of the last benchmark(), in order
 
     @property
     def base_url(self) -> str:
         return self.server.base_url
+
+    def bench_headers(self) -> dict[str, str]:
+        """No Authorization unless the engine opted in (`auth_env`, the name of the variable holding the server's
+        key): pivot's own keys ($OPENAI_API_KEY and the like) are never sent to the server under test."""
+        if not self.auth_env:
+            return {}
+        key = os.environ.get(self.auth_env)
+        if not key:
+            raise PivotError(f"${self.auth_env} is not set", hint="export the server's API key in that variable")
+        return {"Authorization": f"Bearer {key}"}
 
     @property
     def simulated(self) -> bool:
@@ -247,6 +260,7 @@ class HttpDeployment:
                     on_progress=report,
                     output_file=output_file,
                     warmup_pause_s=self.warmup_pause_s,
+                    headers=self.bench_headers(),
                 )
             )
             died_at: float | None = None

@@ -35,7 +35,7 @@ import httpx
 
 from agent import models as m
 from agent.errors import PivotError
-from agent.servers import MARK_VAR, fault_point, group_members, proc_start, server_mark, stop_group
+from agent.servers import FAULT_VAR, MARK_VAR, fault_point, group_members, proc_start, server_mark, stop_group
 from agent.session import Paths, ProgressCallback
 from agent.store import Store
 from tools.engines.failures import ANSI, UNKNOWN, diagnose, short_line
@@ -269,6 +269,21 @@ def stop_all() -> None:
 
 # ---------------------------------------------------------------------------------------------- one server
 
+# Never passed on to a launched server: the keys of the model that drives pivot and of the model providers (a server
+# under test has no use for them, and its logs, crash dumps and /proc are read by others on a shared host), and
+# pivot's own test hooks. HF_TOKEN stays: SGLang needs it to download gated weights.
+MODEL_KEY_VARS = frozenset({
+    "PIVOT_MODEL_API_KEY", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY",
+    "GROQ_API_KEY", "MISTRAL_API_KEY", "CO_API_KEY", "COHERE_API_KEY", "DEEPSEEK_API_KEY", "OPENROUTER_API_KEY",
+    "XAI_API_KEY", "TOGETHER_API_KEY", "FIREWORKS_API_KEY", "CEREBRAS_API_KEY", "AZURE_OPENAI_API_KEY",
+    "HUGGINGFACE_API_KEY", "API_KEY", "LOGFIRE_TOKEN", "AWS_BEARER_TOKEN_BEDROCK", FAULT_VAR,
+})  # fmt: skip
+
+
+def server_environ() -> dict[str, str]:
+    """This process's environment without the model and provider keys (MODEL_KEY_VARS): what a server inherits."""
+    return {k: v for k, v in os.environ.items() if k not in MODEL_KEY_VARS}
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nobody listens on right now at `host`."""
@@ -391,7 +406,7 @@ class ManagedServer:
                 log_tail=[message],
                 log_path=self.log_path,
             )
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        env = {**server_environ(), "PYTHONUNBUFFERED": "1", **self.env}
         if self.ledger is not None:  # found by the next Session.open even if pivot dies before recording it
             env[MARK_VAR] = server_mark(self.ledger.store.path, self.ledger.session_id)
         with self.log_path.open("ab") as log:

@@ -71,13 +71,16 @@ class SGLangEngine:
         source: m.Source = "measured",
         time_scale: float | None = None,
         warmup_pause_s: float = 1.0,
+        auth_env: str | None = None,
     ) -> None:
         """Options: `launcher` launch_server (default) or serve; `python` the interpreter that has SGLang (default
         this one, or python3 behind a prefix); `prefix` an argv put in front (`docker exec NAME`, `ssh host`,
         `env -u X`); `command` the whole launch command instead of launcher and python; `env` added to the
         server's environment (behind `docker exec`, pass variables with the prefix's own -e); `host`/`port`
         where it listens unless the flags say (default 127.0.0.1 and a free port); `force` launch even when the
-        audit finds flags SGLang refuses; `stop_grace_s` SIGTERM to SIGKILL."""
+        audit finds flags SGLang refuses; `stop_grace_s` SIGTERM to SIGKILL; `auth_env` the name of an environment
+        variable whose value the benchmark sends as `Authorization: Bearer` (a server started with --api-key;
+        nothing is sent otherwise, and pivot's own model keys are never passed to the server)."""
         if launcher not in ("launch_server", "serve"):
             raise PivotError(f"unknown SGLang launcher {launcher!r}", hint="use launch_server or serve")
         self.name, self.version, self.launcher = name, version, launcher
@@ -89,6 +92,7 @@ class SGLangEngine:
         self.force, self.require_model = force, require_model
         self.ready_timeout_s, self.stop_grace_s, self.health_path = ready_timeout_s, stop_grace_s, health_path
         self.source, self.time_scale, self.warmup_pause_s = source, time_scale, warmup_pause_s
+        self.auth_env = auth_env
         self._catalog: Catalog | None = None
 
     def with_seed(self, seed: int) -> SGLangEngine:
@@ -192,6 +196,7 @@ class SGLangEngine:
             warmup_pause_s=self.warmup_pause_s,
             time_scale=self.time_scale,
             audit=issues,
+            auth_env=self.auth_env,
         )
 
 
