@@ -39,6 +39,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from agent import models as m
 from agent import reports
 from agent.session import Session
+from agent.text import quote
 from tools.method import Method
 
 STOP_WORDS = {
@@ -266,7 +267,7 @@ class Autopilot:
                         d.released.add(later[0])
             else:
                 d.unclear = p
-                d.why_unclear = f"I did not understand {p.answer!r}."
+                d.why_unclear = f"I did not understand {quote(p.answer or '')}."
         return d
 
     # ---- item state
@@ -496,7 +497,9 @@ class Autopilot:
         elif kind == "clarify":
             p = d.unclear
             assert p is not None
-            return (f"{d.why_unclear} {understood(p.options, plan)} {p.question}", p.options)
+            how = understood(p.options, plan)
+            asked = p.question.split(f"{how} ", 1)[-1]  # asked again: the question itself, not the last clarification
+            return (f"{d.why_unclear} {how} {asked}", p.options)
         elif kind == "baseline":
             base = method.baseline()
             why = (

@@ -18,6 +18,7 @@ from agent.console import err, out, print_json
 from agent.errors import PivotError
 from agent.plans import load_plan
 from agent.session import Session
+from agent.text import printable
 
 DEMO_PLAN = "glm5-nvfp4-rtxpro6000x8"
 DEMO_NOISE = 0.015
@@ -39,7 +40,7 @@ class Progress:
             event.kind, "  "
         )
         err.print(
-            f"[{time.monotonic() - self.start:6.1f}s] {mark} {event.message}",
+            f"[{time.monotonic() - self.start:6.1f}s] {mark} {printable(event.message)}",
             markup=False,
             highlight=False,
             soft_wrap=True,
@@ -159,15 +160,15 @@ def _report(session: Session, outcome: Any, as_json: bool) -> None:
         out.print(f"pivot: session {session.id} stopped at a pivot point.", highlight=False)
         if outcome.summary_path:
             out.print(f"summary: {session.paths.home / outcome.summary_path}", highlight=False)
-        out.print(f"question: {p.question}", highlight=False, soft_wrap=True)
+        out.print(f"question: {printable(p.question)}", highlight=False, soft_wrap=True)
         for i, option in enumerate(p.options, start=1):
-            out.print(f"  {i}. {option}", highlight=False, soft_wrap=True)
+            out.print(f"  {i}. {printable(option)}", highlight=False, soft_wrap=True)
         out.print(
             f"answer with: pivot resume {session.id} --answer 1   (a number, an item id, 'continue' or 'stop')",
             highlight=False,
         )
         return
-    out.print(f"{outcome.status}: {outcome.message}", highlight=False, soft_wrap=True)
+    out.print(f"{outcome.status}: {printable(outcome.message)}", highlight=False, soft_wrap=True)
     if outcome.status in ("stopped", "failed"):
         raise SystemExit(1)
 

@@ -38,6 +38,7 @@ from agent import models as m
 from agent import plugins
 from agent.errors import PivotError
 from agent.session import Session
+from agent.text import quote
 from tools.method import Method
 
 pydantic_ai.BANNER_ENABLED = False  # pivot owns its terminal output (progress on stderr, the TUI's screen)
@@ -248,7 +249,7 @@ async def run_async(
         if answer is None:
             return RunOutcome("pivot", open_pivot.question, pivot=open_pivot, summary_path=open_pivot.summary_path)
         open_pivot = store.answer_pivot(open_pivot.id or 0, answer)
-        session.emit("message", f"answer: {answer}", pivot_id=open_pivot.id)
+        session.emit("message", f"answer: {quote(answer, 200)}", pivot_id=open_pivot.id)
         if open_pivot.tool_call_id in {p.tool_call_id for p in unanswered(history)}:
             history = close_dangling(history, keep=open_pivot.tool_call_id)
             deferred = DeferredToolResults(calls={open_pivot.tool_call_id: answer})

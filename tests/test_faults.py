@@ -560,3 +560,24 @@ def test_10_pivot_bench_keeps_bench_servings_header_and_redacts_echoed_keys(tmp_
         proc.kill()
         out = proc.communicate()[0]
     assert f"auth: Bearer {KEYS['OPENAI_API_KEY']}" in out  # bench_serving's behaviour, kept for pivot bench
+
+
+# ---------------------------------------------------------------------------------------------- 11
+
+
+def test_11_answers_are_quoted_shortened_and_escaped_in_later_questions(paths):
+    demo = subprocess.run([*PIVOT, "demo", "--json"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert demo.returncode == 0, demo.stderr
+    with Store(paths.db_path) as store:
+        (session,) = store.list_sessions()
+    long_answer = "\x1b[2J\x1b]0;owned\x07" + "please try something clever " * 400  # 11 KB and escape sequences
+    for _ in range(2):  # a second unclear answer must not nest the first one's quote
+        proc = subprocess.run([*PIVOT, "resume", session.id, "--answer", long_answer], capture_output=True,
+                              text=True, timeout=300, cwd=ROOT)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert "\x1b" not in proc.stdout + proc.stderr and "\x07" not in proc.stdout + proc.stderr
+        assert "\\x1b[2J" in proc.stdout  # shown, escaped, not executed
+        with Store(paths.db_path) as store:
+            question = store.open_pivot(session.id).question
+        assert "I did not understand" in question and len(question) < 1000, len(question)
+        assert question.count("I did not understand") == 1
