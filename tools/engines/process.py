@@ -4,10 +4,10 @@ A server is launched from an argv list (never a shell string) in its own process
 stdout and stderr in a log file under the session's state dir, and recorded in the ledger (pid, pgid, the pid's
 start time, URL, argv, log) as starting, then ready, then stopped or crashed with a classified failure
 (tools/engines/failures.py). Its environment carries the session's mark (agent/servers.py), so a pivot killed
-before recording it still leaves a server the next `Session.open` finds and stops. Readiness is `/health` answering 200 from the server's own process and, for SGLang, the ready line in the log
-(without the line, the listening socket must belong to the server's process group); a port that already answers
-before launch is refused, so another process's server is never taken for ours;
-an exit while starting is noticed on the next poll and raised with the classified reason and the log's tail.
+before recording it still leaves a server the next `Session.open` finds and stops; it has no model API keys.
+A port that already answers before launch is refused, so another process's server is never taken for ours.
+Readiness is `/health` answering 200 and, for SGLang, the ready line in the log (without the line, the socket
+listening on the port must belong to the server's process group); an exit while starting is noticed on the next poll and raised with the classified reason and the log's tail.
 Stopping sends SIGTERM to the whole group, waits a grace period, then SIGKILLs what is left.
 
 No server outlives pivot: while any runs, SIGINT and SIGTERM handlers stop every server (then raise
