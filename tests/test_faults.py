@@ -581,3 +581,19 @@ def test_11_answers_are_quoted_shortened_and_escaped_in_later_questions(paths):
             question = store.open_pivot(session.id).question
         assert "I did not understand" in question and len(question) < 1000, len(question)
         assert question.count("I did not understand") == 1
+
+
+def test_2_sim_http_says_not_simulable_too(tmp_path):
+    """`pivot sim serve` (the sim-http engine) refuses the same values, and its log is classified the same."""
+    from tools.engines.process import ServerStartError
+    from tools.engines.sglang import sim_http_engine
+
+    deployment = sim_http_engine(time_scale=50, startup_s=0.1).launch(
+        m.ServerConfig.parse(["--tp-size", "-8"]), tmp_path / "x.log"
+    )
+    try:
+        with pytest.raises(ServerStartError) as info:
+            deployment.wait_ready(60)
+        assert info.value.failure == "not-simulable", info.value.log_tail
+    finally:
+        deployment.stop()

@@ -82,6 +82,8 @@ FAILURE_RULES: tuple[FailureRule, ...] = (
             r"LocalEntryNotFoundError|couldn't connect to 'https://huggingface\.co'|OfflineModeIsEnabled"
         ),
     ),
+    # the twin (`pivot sim serve`): a value SGLang's parser takes but the twin cannot simulate
+    FailureRule("not-simulable", _rx(r"pivot twin: cannot simulate")),
     # SGLang checks its arguments in ServerArgs (server_args.py) and its arg_groups hooks, in the launching process
     FailureRule(
         "argument-validation",
