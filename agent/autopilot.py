@@ -452,8 +452,10 @@ class Autopilot:
         elif kind == "clarify":
             p = d.unclear
             assert p is not None
+            how = understood(p.options, plan)
+            asked = p.question.split(f"{how} ", 1)[-1]  # asked again: the question itself, not the last clarification
             options = p.options or ["continue: go on with the plan", "stop: write the final summary and end"]
-            return (f"{d.why_unclear} {understood(p.options, plan)} {p.question}", options)
+            return (f"{d.why_unclear} {how} {asked}", options)
         elif kind == "baseline":
             base = method.baseline()
             why = (

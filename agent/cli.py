@@ -6,18 +6,20 @@ Tables and text go to stdout; with --json, stdout carries JSON alone and everyth
 
 from __future__ import annotations
 
+import errno
+import sqlite3
 import sys
 from collections.abc import Callable
 from functools import cached_property
 from typing import Any
 
 import click
-from rich.markup import escape
+from rich.text import Text
 
 from agent import __version__, plugins
 from agent import models as m
 from agent.console import dump, err, make_table, out, print_json, warn
-from agent.errors import PivotError
+from agent.errors import PivotError, redact
 from agent.plans import bundled_plans, load_plan
 from agent.session import Paths
 from agent.store import Store
@@ -41,10 +43,35 @@ class PivotGroup(click.Group):
         try:
             return super().invoke(ctx)
         except PivotError as e:
-            err.print(f"[bold red]error:[/] {escape(e.message)}", markup=True)
-            if e.hint:  # escaped: a server's log line such as vLLM's "[api_server.py:139] ..." is not markup
-                err.print(f"[yellow]hint:[/] {escape(e.hint)}", markup=True)
-            ctx.exit(1)
+            _fail(ctx, e)
+        except OSError as e:  # a home that cannot be written (read-only, not ours, full): one line and a hint
+            if e.errno not in UNWRITABLE_ERRNOS:
+                raise
+            where = f" {e.filename}" if e.filename else ""
+            home = ctx.obj.paths.home if isinstance(ctx.obj, Home) else "its home"
+            _fail(ctx, PivotError(
+                f"cannot write{where}: {e.strerror or e}",
+                hint=f"pivot writes its ledger, logs and documents under its home ({home}): make it writable, or "
+                "point --home/PIVOT_HOME at a directory that is",
+            ))  # fmt: skip
+        except sqlite3.OperationalError as e:
+            if "readonly" not in str(e) and "unable to open" not in str(e):
+                raise
+            home = ctx.obj.paths.home if isinstance(ctx.obj, Home) else "its home"
+            _fail(ctx, PivotError(
+                f"cannot write the ledger: {e}",
+                hint=f"make {home} writable, or point --home/PIVOT_HOME at a directory that is",
+            ))  # fmt: skip
+
+
+UNWRITABLE_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
+
+
+def _fail(ctx: click.Context, e: PivotError) -> None:
+    err.print(Text.assemble(("error:", "bold red"), " ", redact(e.message)))
+    if e.hint:
+        err.print(Text.assemble(("hint:", "yellow"), " ", redact(e.hint)))
+    ctx.exit(1)
 
 
 def _when(value: Any) -> str:
@@ -103,12 +130,17 @@ def _gist(text: str | None, limit: int = 48) -> str:
 
 @cli.command()
 @click.argument("session_ref", metavar="SESSION")
-@click.option("--force", is_flag=True, help="Clear the lock even if its process is still running here.")
+@click.option(
+    "--force", is_flag=True, hidden=True, help="Refused like the plain command while the lock's process runs here."
+)
 @pass_home
 def unlock(home: Home, session_ref: str, force: bool) -> None:
-    """Clear a session's lock left by a process that is gone (or by a host that no longer exists)."""
+    """Clear a session's lock left by a process that is gone (or by a host that no longer exists).
+
+    A lock whose process still runs on this host is never cleared (not with --force either): stop that process.
+    """
     session = home.store.get_session(session_ref)
-    pid = home.store.break_session_lock(session.id, force=force)
+    pid = home.store.break_session_lock(session.id)
     out.print(f"session {session.id}: " + (f"lock of pid {pid} cleared" if pid else "was not locked"))
 
 

@@ -19,6 +19,7 @@ from agent.console import err, out, print_json, warn
 from agent.errors import PivotError
 from agent.plans import load_plan
 from agent.session import Session
+from agent.text import printable
 
 DEMO_PLAN = "glm5-nvfp4-rtxpro6000x8"
 DEMO_NOISE = 0.015
@@ -39,7 +40,7 @@ class Progress:
             event.kind, "  "
         )
         err.print(
-            f"[{time.monotonic() - self.start:6.1f}s] {mark} {event.message}",
+            f"[{time.monotonic() - self.start:6.1f}s] {mark} {printable(event.message)}",
             markup=False,
             highlight=False,
             soft_wrap=True,
@@ -99,6 +100,7 @@ def _start(
     if levels:
         workload = plan.workload.model_copy(update={"concurrency": m.parse_levels(levels)})
         plan = plan.model_copy(update={"workload": workload})
+    _preflight(engine, plan)
     model_name = _default_model(method["model"])
     if model_name != loop.AUTOPILOT:  # a missing key fails here, before a session is recorded for nothing
         loop.provider_model(model_name, method["model_base_url"])
@@ -118,6 +120,21 @@ def _start(
         _install_signals()
         outcome = loop.run(session)
     _report(session, outcome, method["as_json"])
+
+
+def _preflight(engine: str, plan: m.Plan) -> None:
+    """What would stop the campaign at its first benchmark, refused before a session or a server exists: a
+    concurrency this process cannot open the sockets for (engines benchmarked over HTTP; sim runs in process)."""
+    if engine == "sim":
+        return
+    from tools import loadgen
+
+    top = max(plan.workload.concurrency)
+    try:
+        loadgen.check_open_files(top)
+    except PivotError as e:
+        raise PivotError(f"concurrency {top} cannot be benchmarked here: {e.message}; nothing was launched",
+                         hint=e.hint) from e  # fmt: skip
 
 
 def _install_signals() -> None:
@@ -147,9 +164,9 @@ def _report(session: Session, outcome: Any, as_json: bool) -> None:
         out.print(f"pivot: session {session.id} stopped at a pivot point.", highlight=False)
         if outcome.summary_path:
             out.print(f"summary: {session.paths.home / outcome.summary_path}", highlight=False)
-        out.print(f"question: {p.question}", highlight=False, soft_wrap=True)
+        out.print(f"question: {printable(p.question)}", highlight=False, soft_wrap=True)
         for i, option in enumerate(p.options, start=1):
-            out.print(f"  {i}. {option}", highlight=False, soft_wrap=True)
+            out.print(f"  {i}. {printable(option)}", highlight=False, soft_wrap=True)
         out.print(
             f"answer with: pivot resume {session.id} --answer 1   (a number, an item id, 'continue' or 'stop')",
             highlight=False,
@@ -157,7 +174,7 @@ def _report(session: Session, outcome: Any, as_json: bool) -> None:
         return
     if outcome.status == "failed":  # the model failed: one line and a hint, the session left resumable
         raise PivotError(outcome.message, hint=outcome.hint)
-    out.print(f"{outcome.status}: {outcome.message}", highlight=False, soft_wrap=True)
+    out.print(f"{outcome.status}: {printable(outcome.message)}", highlight=False, soft_wrap=True)
     if outcome.status == "stopped":
         raise SystemExit(1)
 
@@ -357,6 +374,7 @@ def resume(
             )
             return
         loop.resolve_model(session)
+        _preflight(session.record.engine, session.plan)
         _install_signals()
         outcome = loop.run(session, answer=answer)
     _report(session, outcome, as_json)

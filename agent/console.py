@@ -53,4 +53,8 @@ def make_table(*columns: str) -> Table:
 
 
 def warn(message: str) -> None:
-    err.print(f"[yellow]warning:[/] {message}", markup=True)
+    from rich.text import Text
+
+    from agent.errors import redact
+
+    err.print(Text.assemble(("warning:", "yellow"), " ", redact(message)))

@@ -2,6 +2,24 @@
 
 from __future__ import annotations
 
+import os
+import re
+
+# Environment variables whose values are secrets: model and provider API keys, tokens, passwords.
+SECRET_NAME = re.compile(r"(API_KEY|_TOKEN|SECRET|PASSWORD)$|^API_KEY$|^HF_TOKEN$", re.IGNORECASE)
+_BEARER = re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{6,}")
+_SK = re.compile(r"\bsk-[A-Za-z0-9_-]{8,}")
+
+
+def redact(text: str) -> str:
+    """`text` with secrets replaced by [redacted]: the values of secret environment variables (8 characters or
+    more), bearer tokens and `sk-...` keys. For anything a server sent back that pivot shows or records."""
+    for name, value in os.environ.items():
+        if len(value) >= 8 and value in text and SECRET_NAME.search(name):
+            text = text.replace(value, "[redacted]")
+    text = _BEARER.sub(r"\1 [redacted]", text)
+    return _SK.sub("sk-[redacted]", text)
+
 
 class PivotError(Exception):
     """An error the user can act on; the CLI prints `message` and `hint` and exits 1."""

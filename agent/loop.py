@@ -48,6 +48,7 @@ from agent import plugins
 from agent.context import CompactHistory
 from agent.errors import PivotError
 from agent.session import Session
+from agent.text import quote
 from tools.method import Method, MethodGuard, method_text
 
 pydantic_ai.BANNER_ENABLED = False  # pivot owns its terminal output (progress on stderr, the TUI's screen)
@@ -410,13 +411,14 @@ async def _run_async(
     store = session.store
     history = load_history(session)
     stored = len(history)
+    cut_short = {p.tool_name for p in unanswered(history)}
     open_pivot = store.open_pivot(session.id)
     deferred: DeferredToolResults | None = None
     if open_pivot is not None:
         if answer is None:
             return RunOutcome("pivot", open_pivot.question, pivot=open_pivot, summary_path=open_pivot.summary_path)
         open_pivot = store.answer_pivot(open_pivot.id or 0, answer)
-        session.emit("message", f"answer: {answer}", pivot_id=open_pivot.id)
+        session.emit("message", f"answer: {quote(answer, 200)}", pivot_id=open_pivot.id)
         if open_pivot.tool_call_id in {p.tool_call_id for p in unanswered(history)}:
             history = close_dangling(history, keep=open_pivot.tool_call_id)
             deferred = DeferredToolResults(calls={open_pivot.tool_call_id: answer})
@@ -430,6 +432,12 @@ async def _run_async(
                 session.id, m.Pivot(question="(message from the user)", answer=answer, answered_at=m.utcnow())
             )
             prompt = answer
+    if "write_status_summary" in cut_short:  # killed while writing it: finish what it left half-done
+        from agent import reports
+
+        done = reports.complete_status(session)
+        if done is not None:
+            session.emit("warning", f"completed {done.path}, left unwritten by the step that was cut short")
     if not history and prompt is None:
         prompt = START_PROMPT
     if prompt is not None and history and isinstance(history[-1], ModelRequest):

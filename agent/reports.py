@@ -28,6 +28,7 @@ from markdown_it import MarkdownIt
 
 from agent import models as m
 from agent.errors import PivotError
+from agent.servers import fault_point
 from agent.session import Paths
 from agent.store import Store
 
@@ -446,6 +447,13 @@ def _notify(session: SessionLike, message: str) -> None:
         emit("warning", message)
 
 
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write `data` to `path` whole or not at all: a kill mid-write leaves the old file (or none), never half."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
 def _write(session: SessionLike, path: Path, content: str, doc: m.Document, known: dict[str, m.Document]) -> m.Document:
     """Write `content` to `path` unless it holds a version edited by hand; record it; return its record."""
     paths, store = session.paths, session.store
@@ -487,7 +495,7 @@ def _write(session: SessionLike, path: Path, content: str, doc: m.Document, know
     trel = paths.relative(target)
     if not (target.exists() and _sha(target.read_bytes()) == sha):
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+        _atomic_write(target, data)
     old = known.get(trel)
     new = doc.model_copy(update={"path": trel, "sha256": sha})
     if old is not None and all(
@@ -1176,6 +1184,7 @@ def write_status_summary(
         experiment_ids=summary.experiment_ids,
     )
     saved = _write(session, folder / f"status-{number:03d}.md", summary.markdown, doc, known)
+    fault_point("status-markdown-written")
     if new:
         for d in ledger.documents:
             if d.kind == "status" and (d.number or 0) < number and not d.status.startswith(("superseded", "edited")):
@@ -1183,6 +1192,21 @@ def write_status_summary(
     if html:
         write_status_html(session, number, ledger=ledger, markdown_text=summary.markdown, known=known)
     return saved
+
+
+def complete_status(session: SessionLike) -> m.Document | None:
+    """After a step that was writing a status summary was cut short: write the latest summary's HTML and charts
+    when they are missing or older than its markdown. Returns the HTML's record when it wrote one."""
+    latest = latest_status_doc(session.store.documents(session.id))
+    if latest is None or latest.number is None:
+        return None
+    folder = session.paths.docs_dir(session.id)
+    md_path, html_path = folder / f"status-{latest.number:03d}.md", folder / f"status-{latest.number:03d}.html"
+    if not md_path.exists():
+        return None
+    if html_path.exists() and html_path.stat().st_mtime >= md_path.stat().st_mtime:
+        return None
+    return write_status_html(session, latest.number)
 
 
 def write_status_html(
@@ -1210,7 +1234,7 @@ def write_status_html(
     for name, caption, data in _charts(ledger, charts):
         path = chart_dir / f"status-{number:03d}-{name}.png"
         if not (path.exists() and path.read_bytes() == data):
-            path.write_bytes(data)
+            _atomic_write(path, data)
         figures.append((f"charts/{path.name}", caption))
     body = markdown().render(markdown_text)
     fig_html = "".join(

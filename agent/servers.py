@@ -6,11 +6,17 @@ process machinery (tools/engines/process.py) stops its process groups with `stop
 is the leader of its own process group and session (`start_new_session=True`), so its pgid is its pid and its
 children share the group; the ledger records pid, pgid and the kernel's start time of the pid, so a pid that was
 reused by an unrelated process is never signalled.
+
+A pivot killed between spawning a server and recording it leaves a process the ledger does not know. So every
+server launched for a session carries a mark in its environment (`PIVOT_SERVER_OF=<session>@<ledger>`, inherited
+by its children), and `reap_leftovers` also stops the process groups that carry the session's mark but that no
+live process of this pivot owns.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import signal
 import time
@@ -22,6 +28,41 @@ from agent.store import Store, _pid_alive, _proc_start
 LEFTOVER_GRACE_S = 10.0  # SIGTERM to SIGKILL for a leftover: nobody is waiting for its results any more
 KILL_WAIT_S = 5.0  # after SIGKILL, how long to wait for the group to be gone
 POLL_S = 0.05
+MARK_VAR = "PIVOT_SERVER_OF"  # in a launched server's environment: which home's session launched it
+FAULT_VAR = "PIVOT_FAULT_KILL_AT"  # the fault tests: SIGKILL this pivot at the named point (see fault_point)
+
+
+def fault_point(name: str) -> None:
+    """SIGKILL this process here when $PIVOT_FAULT_KILL_AT names this point: the fault suite's deterministic kill."""
+    if os.environ.get(FAULT_VAR) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def server_mark(db_path: Path | str, session_id: str) -> str:
+    """The mark a server launched for `session_id` of the ledger at `db_path` carries in its environment."""
+    ledger = hashlib.sha256(str(Path(db_path).resolve()).encode()).hexdigest()[:16]
+    return f"{session_id}@{ledger}"
+
+
+def marked_processes(mark: str) -> list[int]:
+    """Running processes (not zombies) whose environment carries `MARK_VAR=mark` (only this user's are readable)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return []
+    needle = f"{MARK_VAR}={mark}".encode()
+    found = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0"):
+            fields = _stat(entry.name)
+            if fields and fields[0] not in ("Z", "X"):
+                found.append(int(entry.name))
+    return found
 
 
 def proc_start(pid: int) -> str | None:
@@ -146,4 +187,33 @@ def reap_leftovers(store: Store, session_id: str, *, grace_s: float = LEFTOVER_G
         else:
             notices.append(f"{what} was recorded as {server.status} but is no longer running; recorded as stopped")
         store.update_server(server.id, status="stopped")
+    notices += _reap_unrecorded(store, session_id, grace_s)
+    return notices
+
+
+def _reap_unrecorded(store: Store, session_id: str, grace_s: float) -> list[str]:
+    """Stop the process groups that carry this session's mark and that no live process of this pivot started: a
+    pivot killed between spawning a server and recording it left them (the lock says no live pivot owns them)."""
+    me = os.getpid()
+    groups: dict[int, list[int]] = {}
+    for pid in marked_processes(server_mark(store.path, session_id)):
+        fields = _stat(pid)
+        if pid == me or fields is None:
+            continue
+        pgid = int(fields[2])
+        leader = _stat(pgid)
+        if leader is not None and leader[0] not in ("Z", "X") and int(leader[1]) == me:
+            continue  # a server this process launched (or one of its children)
+        groups.setdefault(pgid, []).append(pid)
+    notices = []
+    for pgid, pids in sorted(groups.items()):
+        starts = [int(s) for s in (proc_start(p) for p in pids) if s is not None and s.isdigit()]
+        since = str(min(starts)) if starts else None
+        killed = stop_group(pgid, grace_s, started_since=since)
+        how = f"SIGKILL after {grace_s:g} s" if killed else "SIGTERM"
+        shown = ", ".join(str(p) for p in sorted(pids))
+        notices.append(
+            f"a server of session {session_id} (pid {shown}, process group {pgid}) was running but never recorded: "
+            f"a pivot was killed while launching it; stopped it ({how})"
+        )
     return notices

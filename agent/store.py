@@ -444,19 +444,27 @@ class Store:
         self.path = Path(path)
         self._lock = threading.RLock()
         self._check_file()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise self._unwritable(e.strerror or str(e)) from e
         try:
             conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
         except sqlite3.Error as e:
+            if not self._writable():
+                raise self._unwritable(str(e)) from e
             raise LedgerError(f"cannot open the ledger {self.path}: {e}") from e
         self.db = Database(conn)
         try:
+            self._check_integrity(conn)
             self.db.execute("PRAGMA foreign_keys = ON")
             if self.db.journal_mode != "wal":
                 self.db.enable_wal()
             self.applied = self._migrate(migrations)
         except sqlite3.DatabaseError as e:
             conn.close()
+            if not self._writable() or "readonly" in str(e):
+                raise self._unwritable(str(e)) from e
             raise self._corrupt(e) from e
 
     @classmethod
@@ -476,6 +484,29 @@ class Store:
             head = f.read(len(SQLITE_MAGIC))
         if head and head != SQLITE_MAGIC:
             raise self._corrupt("not an SQLite database")
+
+    def _check_integrity(self, conn: sqlite3.Connection) -> None:
+        """SQLite's quick_check, once per open and before anything is written: a ledger damaged in its middle pages
+        opens without complaint and would take writes (new sessions) into a broken b-tree."""
+        rows = [str(r[0]) for r in conn.execute("PRAGMA quick_check(3)").fetchall()]
+        if rows != ["ok"]:
+            raise sqlite3.DatabaseError("; ".join(rows))
+
+    def _writable(self) -> bool:
+        """Whether this process may write the ledger and create its -wal and -shm files beside it."""
+        folder = self.path.parent
+        if not os.access(folder, os.W_OK):
+            return False
+        return not self.path.exists() or os.access(self.path, os.W_OK)
+
+    def _unwritable(self, cause: object) -> LedgerError:
+        home = self.path.parent.parent
+        return LedgerError(
+            f"cannot write the ledger {self.path}: the directory is read-only or not yours ({cause}); nothing was "
+            "changed",
+            hint=f"pivot keeps its ledger, logs and documents under its home ({home}): make that directory writable, "
+            "or point --home/PIVOT_HOME at one that is",
+        )
 
     def _corrupt(self, cause: object) -> LedgerError:
         return LedgerError(
@@ -522,6 +553,8 @@ class Store:
 
     def _wrap(self, e: sqlite3.DatabaseError) -> PivotError:
         text = str(e)
+        if "readonly" in text or "read-only" in text:
+            return self._unwritable(text)
         if "locked" in text or "busy" in text:
             return LedgerError(f"the ledger {self.path} stayed locked for {BUSY_TIMEOUT_S:.0f} s: {text}")
         return self._corrupt(text)
@@ -741,10 +774,11 @@ class Store:
             )
         return notice
 
-    def break_session_lock(self, session_id: str, *, force: bool = False) -> int | None:
+    def break_session_lock(self, session_id: str) -> int | None:
         """Clear a session's lock when its holder is gone (or held from another host); returns the old pid.
 
-        A holder alive on this host is refused unless `force`: stopping it is the right fix then.
+        A holder alive on this host is always refused: it is a live run, and clearing its lock would let a second
+        process stop its server and run its experiments again. Stopping it is the fix; its own exit releases it.
         """
         with self._write() as db:
             rows = list(db["sessions"].rows_where("id = ?", [session_id]))
@@ -755,10 +789,12 @@ class Store:
             if pid is None:
                 return None
             here = row["lock_host"] == socket.gethostname()
-            if here and _pid_alive(pid, row["lock_proc_start"]) and not force:
+            if here and _pid_alive(pid, row["lock_proc_start"]):
                 raise SessionLocked(
-                    f"session {session_id} is in use by pid {pid}, which is running",
-                    hint=f"stop it (kill {pid}) instead; --force clears the lock anyway",
+                    f"session {session_id} is in use by pid {pid}, which is running on this host; its lock is not "
+                    "cleared while it runs",
+                    hint=f"stop that pivot first: Ctrl-C in its terminal, or `kill {pid}` (it stops its servers and "
+                    "releases the lock); then run the command again",
                 )
             db.execute(_UNLOCK + "where id = ?", [session_id])
             return pid

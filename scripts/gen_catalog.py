@@ -72,6 +72,8 @@ _WHEN_NODES = (
     ast.Constant,
     ast.Tuple,
     ast.List,
+    ast.BinOp,
+    ast.Mod,
 )
 
 

@@ -99,7 +99,7 @@ def test_ansi_colours_and_timestamps_do_not_matter() -> None:
 def test_the_classes_are_the_ones_pivot_records() -> None:
     assert {r.failure for r in FAILURE_RULES} == {
         "oom", "cuda-error", "nccl-error", "unrecognized-argument", "ambiguous-argument", "argument-validation",
-        "compile-failure", "port-in-use", "model-not-found", "engine-not-installed",
+        "compile-failure", "port-in-use", "model-not-found", "engine-not-installed", "not-simulable",
     }  # fmt: skip
 
 

@@ -8,6 +8,7 @@ base (tools/method.py), so the verdict that follows rests on numbers the ledger 
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -62,6 +63,24 @@ def _power(t: m.Telemetry | None) -> float | None:
     return round(sum(watts) / len(watts), 1) if watts else None
 
 
+def raw_run_file(session: Session, experiment_id: int, run: int) -> Path:
+    """state/<s>/bench/expNNN-runM.jsonl for a new run. A file already there is an attempt that never reached the
+    ledger (pivot was killed or interrupted mid-benchmark): it is moved aside as expNNN-runM.abandoned-K.jsonl, so
+    the run's file holds exactly the levels the ledger records."""
+    raw = session.paths.raw_dir(session.id)
+    raw.mkdir(parents=True, exist_ok=True)
+    path = raw / f"exp{experiment_id:03d}-run{run}.jsonl"
+    if path.exists():
+        k = 1
+        while (aside := raw / f"exp{experiment_id:03d}-run{run}.abandoned-{k}.jsonl").exists():
+            k += 1
+        path.rename(aside)
+        session.emit(
+            "warning", f"{session.paths.relative(path)} held an attempt that was cut short; moved to {aside.name}"
+        )
+    return path
+
+
 @toolset.tool
 def run_benchmark(ctx: RunContext[Session], concurrency: list[int] | None = None) -> BenchReport:
     """Benchmark the running server across concurrency levels with the experiment's workload.
@@ -86,9 +105,7 @@ def run_benchmark(ctx: RunContext[Session], concurrency: list[int] | None = None
         spec = spec.model_copy(update={"concurrency": sorted(set(concurrency))})
     runs = len(store.bench_results(e.id or 0))
     dep = live.deployment
-    raw = session.paths.raw_dir(session.id)
-    raw.mkdir(parents=True, exist_ok=True)
-    output_file = raw / f"exp{e.id:03d}-run{runs + 1}.jsonl"
+    output_file = raw_run_file(session, e.id or 0, runs + 1)
     session.emit("progress", f"experiment {e.id}: benchmarking levels {', '.join(map(str, spec.concurrency))}")
     result = dep.benchmark(
         spec, lambda line: session.emit("progress", f"experiment {e.id}: {line}"), output_file=output_file

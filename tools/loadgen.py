@@ -54,8 +54,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 from yarl import URL
 
-from agent.errors import PivotError
+from agent.errors import PivotError, redact
 from agent.models import BenchLevel, BenchResult, BenchSpec, utcnow
+from agent.servers import fault_point
 from tools.httpstream import HttpStreamClient, StreamError
 from tools.metrics import DEFAULT_VOCAB_SIZE, RequestRecord, compute_level, workload_draws
 
@@ -379,7 +380,7 @@ async def send_request(
         chunk_tokens=sse.tokens,
         output_len=sse.output_len,
         end_s=sse.last_line_s if error is None else outcome.end_s,
-        error=error,
+        error=redact(error) if error is not None else None,  # a server may echo a key back
         queued_s=queued_s,
     )
     return record, usage_seen
@@ -557,13 +558,19 @@ def _raise_open_files(needed: int) -> None:
             )
 
 
-async def probe(base_url: str, *, connect_timeout_s: float = 5.0) -> str | None:
+def check_open_files(max_concurrency: int) -> None:
+    """Before anything is launched: raise PivotError when this process cannot open the sockets a level of
+    `max_concurrency` needs (the limit is raised as far as the hard limit allows, as bench_serving does)."""
+    _raise_open_files(max_concurrency + 256)
+
+
+async def probe(base_url: str, *, connect_timeout_s: float = 5.0, headers: dict[str, str] | None = None) -> str | None:
     """Fail fast when nothing answers at base_url; the served model's name from `GET /v1/models`, if it has one."""
     timeout = aiohttp.ClientTimeout(total=max(10.0, connect_timeout_s * 2), sock_connect=connect_timeout_s)
     hint = "is the server running and listening there? check the scheme, host and port of --base-url"
     try:
         async with (
-            aiohttp.ClientSession(timeout=timeout, headers=auth_headers()) as session,
+            aiohttp.ClientSession(timeout=timeout, headers=auth_headers() if headers is None else headers) as session,
             session.get(base_url + "/v1/models") as resp,
         ):
             if resp.status != 200:
@@ -593,11 +600,11 @@ def auth_headers() -> dict[str, str]:
     return {}
 
 
-async def _accept_length(base_url: str) -> float | None:
+async def _accept_length(base_url: str, headers: dict[str, str]) -> float | None:
     """bench_serving's accept_length (speculative decoding) from SGLang's /server_info, when the server has it."""
     try:
         async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5), headers=auth_headers()) as session,
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5), headers=headers) as session,
             session.get(base_url + "/server_info") as resp,
         ):
             if resp.status != 200:
@@ -617,6 +624,7 @@ def append_jsonl(path: Path, level: BenchLevel) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:
         f.write(json.dumps(level.model_dump()) + "\n")
+    fault_point("raw-level-written")
 
 
 def read_jsonl(path: Path) -> list[BenchLevel]:
@@ -644,8 +652,10 @@ class _Sweep:
     output_file: Path | None
     vocab_size: int
     warmup_pause_s: float
+    headers: dict[str, str] | None = None  # None: bench_serving's (auth_headers); {} sends no Authorization
     result: BenchResult = field(init=False)
     _warmup_warnings: list[str] = field(default_factory=list, init=False)
+    auth: dict[str, str] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.result = BenchResult(
@@ -662,7 +672,8 @@ class _Sweep:
     async def run(self) -> BenchResult:
         self.base_url = _normalize_base_url(self.base_url)
         _raise_open_files(max(self.spec.concurrency) + 256)
-        served = await probe(self.base_url)
+        self.auth = auth_headers() if self.headers is None else dict(self.headers)
+        served = await probe(self.base_url, headers=self.auth)
         if self.model is None and self.spec.endpoint != "generate":
             self.model = served
         try:
@@ -694,7 +705,7 @@ class _Sweep:
             requests_total=n,
         )
         timeout_s = spec.request_timeout_s
-        client = HttpStreamClient(self.base_url, headers=auth_headers())
+        client = HttpStreamClient(self.base_url, headers=self.auth)
         try:
             if spec.warmup_requests:
                 self._report(LevelProgress(phase="warmup", **base))
@@ -773,7 +784,7 @@ class _Sweep:
             wall_s, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
         finally:
             client.close()
-        accept_length = await _accept_length(self.base_url) if self.backend == "sglang" else None
+        accept_length = await _accept_length(self.base_url, self.auth) if self.backend == "sglang" else None
 
         done = [r for r in records if r is not None]
         arrived = [t0 + float(a) for a, r in zip(workload.arrivals_s, records, strict=True) if r is not None]
@@ -857,6 +868,7 @@ async def run_sweep(
     output_file: Path | None = None,
     vocab_size: int = DEFAULT_VOCAB_SIZE,
     warmup_pause_s: float = 1.0,
+    headers: dict[str, str] | None = None,
 ) -> BenchResult:
     """Run `spec`'s concurrency levels one after another against base_url: one BenchLevel each, source "measured".
 
@@ -866,8 +878,10 @@ async def run_sweep(
     finished level is appended to `output_file` (JSONL, bench_serving's keys) as soon as it is done.
     `model` names the model in OpenAI requests (default: the first of `GET /v1/models`, if any);
     `vocab_size` bounds random token ids; `warmup_pause_s` is the pause after warmup (bench_serving: 1 s).
+    `headers` go with every request; None sends bench_serving's Authorization (auth_headers: $OPENAI_API_KEY,
+    else $API_KEY), which `pivot bench` keeps; an engine's deployment passes its own (none unless opted in).
     """
-    sweep = _Sweep(base_url, spec, backend, model, on_progress, output_file, vocab_size, warmup_pause_s)
+    sweep = _Sweep(base_url, spec, backend, model, on_progress, output_file, vocab_size, warmup_pause_s, headers)
     return await sweep.run()
 
 

@@ -36,6 +36,7 @@ from pydantic_ai.toolsets.abstract import ToolsetTool
 from agent import models as m
 from agent.session import Session
 from agent.store import Store
+from agent.text import quote
 
 REFUSED_FAILURES = ("unrecognized-argument", "ambiguous-argument", "argument-validation")
 Suggestion = Literal[
@@ -289,7 +290,7 @@ class Method:
                         d.released.add(later[0])
             else:
                 d.unclear = p
-                d.why_unclear = f"I did not understand {p.answer!r}."
+                d.why_unclear = f"I did not understand {quote(p.answer or '')}."
         return d
 
     def final(

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -128,8 +128,10 @@ def compute_level(
     random_input_len: int | None = None,
     random_output_len: int | None = None,
     random_range_ratio: float | None = None,
+    check: Callable[[], None] | None = None,
 ) -> BenchLevel:
-    """bench_serving's metrics for one level, plus failures by reason; client-check fields are left unset."""
+    """bench_serving's metrics for one level, plus failures by reason; client-check fields are left unset.
+    `check` is called every few thousand records; it raises to stop (the sim engine on SIGTERM)."""
     done = [r for r in records if r.ok]
     failed = [r for r in records if not r.ok]
     errors = Counter(r.error or "no tokens received" for r in failed)
@@ -152,7 +154,9 @@ def compute_level(
     tpot = (e2e[multi] - ttft[multi]) / (out_lens[multi] - 1)
 
     itl_parts, stamp_parts = [], []
-    for r in done:
+    for i, r in enumerate(done):
+        if check is not None and i % 2048 == 0:
+            check()
         stamps, itl = _token_times(r)
         itl_parts.append(itl)
         stamp_parts.append(stamps)

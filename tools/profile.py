@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from agent.errors import PivotError
+from agent.errors import PivotError, redact
 from agent.models import BenchSpec, ProfileCategory, ProfileKernel, ProfileSummary
 
 CATEGORIES = ("expert_gemm", "other_gemm", "attention", "communication", "other")
@@ -248,7 +248,9 @@ def profile_server(
         r = _post(client, base + "/start_profile", body, START_TIMEOUT_S)
         if r.status_code != 200:
             hint = "the server has no /start_profile" if r.status_code == 404 else None
-            raise PivotError(f"the server refused to start profiling ({r.status_code}): {r.text.strip()}", hint=hint)
+            raise PivotError(
+                f"the server refused to start profiling ({r.status_code}): {redact(r.text.strip()[:300])}", hint=hint
+            )
         stopped = False
         try:
             result = run_load(base, spec)
@@ -266,7 +268,7 @@ def profile_server(
             summary = summarize_twin(data)
     if summary is None:
         if r.status_code != 200 and num_steps is None:
-            raise PivotError(f"the server could not stop profiling ({r.status_code}): {r.text.strip()}")
+            raise PivotError(f"the server could not stop profiling ({r.status_code}): {redact(r.text.strip()[:300])}")
         files = _wait_for_traces(out_dir, profile_id, trace_timeout_s)
         if not files:
             raise PivotError(

@@ -325,6 +325,8 @@ class PivotApp(App[None]):
     async def on_board_ready(self, message: BoardReady) -> None:
         if message.seq >= self.board_shown and self.controller.session is not None:
             self.board_shown = message.seq
+            if not self.screen.query(SidePanel):  # read in a thread, it arrived after the app began closing
+                return
             await self._show_board(message.board, pivot=False)
 
     async def _show_board(self, board: view.Board, *, pivot: bool = True) -> None:

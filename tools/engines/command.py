@@ -55,11 +55,15 @@ class CommandEngine(BaseEngine):
         endpoint: str = "completions",
         backend: str = "openai",
         model: str | None = None,
+        owner_check: bool = True,
     ) -> None:
         """Options: `command` the server's argv (a list, or a string split like a shell would, never run by one);
         `base_url` where it answers (default http://host:port, with `{port}` in the command giving a free port);
         `health_url` or `health_path` what answers 200 once ready; `ready_line` a log line to wait for as well;
-        `endpoint` completions or chat for SGLang-native workloads; `model` the name in OpenAI requests."""
+        `endpoint` completions or chat for SGLang-native workloads; `model` the name in OpenAI requests;
+        `owner_check` false when the command starts the server elsewhere (docker run, ssh): without a ready line,
+        /health then counts although this host cannot see that the socket on the port is the command's own."""
+        self.owner_check = owner_check
         self.command = argv_option(command)
         if not self.command:
             raise PivotError(
@@ -122,6 +126,7 @@ class CommandEngine(BaseEngine):
             cwd=self.cwd,
             ready_line=self.ready_line,
             stop_grace_s=self.stop_grace_s,
+            owner_check=self.owner_check,
             ledger=ledger,
             backend=self.backend,
             endpoint=self.endpoint,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -85,8 +86,10 @@ def read_telemetry(deployment: HttpDeployment) -> m.Telemetry:
 def start_deployment(argv: list[str], *, log_path: Path, base_url: str, engine: str, health_url: str, host: str,
                      env: dict[str, str], cwd: Path | str | None, ready_line: str | None, stop_grace_s: float,
                      ledger: LedgerLink | None, failure_rules: Sequence[FailureRule] = COMMON_RULES,
-                     **deployment: Any) -> HttpDeployment:  # fmt: skip
-    """Start `argv` as a ManagedServer (recorded in `ledger`) and wrap it: what every HTTP engine's launch() does."""
+                     owner_check: bool = True, **deployment: Any) -> HttpDeployment:  # fmt: skip
+    """Start `argv` as a ManagedServer (recorded in `ledger`) and wrap it: what every HTTP engine's launch() does.
+    `owner_check` false: the server runs behind a launch prefix (docker exec, ssh), so this host cannot tell whether
+    the socket on its port is the server's own."""
     server = ManagedServer(
         argv,
         log_path=log_path,
@@ -100,6 +103,7 @@ def start_deployment(argv: list[str], *, log_path: Path, base_url: str, engine: 
         stop_grace_s=stop_grace_s,
         ledger=ledger,
         failure_rules=failure_rules,
+        owner_check=owner_check,
     )
     server.start()
     return HttpDeployment(server, engine=engine, **deployment)
@@ -126,16 +130,28 @@ class HttpDeployment:
         time_scale: float | None = None,
         audit: Sequence[m.FlagIssue] = (),
         gauges: Mapping[str, str] | None = None,
+        auth_env: str | None = None,
     ) -> None:
         self.server, self.engine, self.source, self.backend = server, engine, source, backend
         self.gauges: Mapping[str, str] = dict(gauges or {})  # pivot's gauge name -> the engine's Prometheus name
         self.endpoint, self.model, self.warmup_pause_s, self.time_scale = endpoint, model, warmup_pause_s, time_scale
         self.audit = list(audit)
+        self.auth_env = auth_env  # opt-in: the environment variable whose value goes as the benchmark's Bearer token
         self.level_telemetry: list[m.Telemetry] = []  # per level of the last benchmark(), in order
 
     @property
     def base_url(self) -> str:
         return self.server.base_url
+
+    def bench_headers(self) -> dict[str, str]:
+        """No Authorization unless the engine opted in (`auth_env`, the name of the variable holding the server's
+        key): pivot's own keys ($OPENAI_API_KEY and the like) are never sent to the server under test."""
+        if not self.auth_env:
+            return {}
+        key = os.environ.get(self.auth_env)
+        if not key:
+            raise PivotError(f"${self.auth_env} is not set", hint="export the server's API key in that variable")
+        return {"Authorization": f"Bearer {key}"}
 
     @property
     def simulated(self) -> bool:
@@ -265,6 +281,7 @@ class HttpDeployment:
                     on_progress=report,
                     output_file=output_file,
                     warmup_pause_s=self.warmup_pause_s,
+                    headers=self.bench_headers(),
                 )
             )
             died_at: float | None = None

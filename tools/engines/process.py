@@ -3,8 +3,11 @@
 A server is launched from an argv list (never a shell string) in its own process group and session, with its
 stdout and stderr in a log file under the session's state dir, and recorded in the ledger (pid, pgid, the pid's
 start time, URL, argv, log) as starting, then ready, then stopped or crashed with a classified failure
-(tools/engines/failures.py). Readiness is `/health` answering 200 and, for SGLang, the ready line in the log;
-an exit while starting is noticed on the next poll and raised with the classified reason and the log's tail.
+(tools/engines/failures.py). Its environment carries the session's mark (agent/servers.py), so a pivot killed
+before recording it still leaves a server the next `Session.open` finds and stops; it has no model API keys.
+A port that already answers before launch is refused, so another process's server is never taken for ours.
+Readiness is `/health` answering 200 and, for SGLang, the ready line in the log (without the line, the socket
+listening on the port must belong to the server's process group); an exit while starting is noticed on the next poll and raised with the classified reason and the log's tail.
 Stopping sends SIGTERM to the whole group, waits a grace period, then SIGKILLs what is left.
 
 No server outlives pivot: while any runs, SIGINT and SIGTERM handlers stop every server (then raise
@@ -25,12 +28,13 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
 from agent import models as m
 from agent.errors import LaunchFailed, PivotError
-from agent.servers import group_members, proc_start, stop_group
+from agent.servers import FAULT_VAR, MARK_VAR, fault_point, group_members, proc_start, server_mark, stop_group
 from agent.session import LedgerLink, ProgressCallback
 from tools.engines.failures import ANSI, COMMON_RULES, UNKNOWN, FailureRule, diagnose, short_line
 
@@ -128,7 +132,14 @@ _previous_handlers: dict[int, Any] = {}
 _pinned = False  # install_signal_handlers() was called: keep the handlers when no server runs
 _atexit_installed = False
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_signals_received = 0  # SIGINT/SIGTERM handled so far: in-process work (the sim engine) stops when it grows
 handle_signals = True  # set False where the embedding program owns SIGINT/SIGTERM (it must stop servers itself)
+
+
+def signals_received() -> int:
+    """How many SIGINT/SIGTERM pivot's handlers have taken so far: work running in a thread (the in-process sim
+    engine's benchmark) compares it with the count when it began, and stops when it has grown."""
+    return _signals_received
 
 
 def live_servers() -> list[ManagedServer]:
@@ -190,6 +201,8 @@ def _restore_handlers() -> None:
 
 def _on_signal(signum: int, frame: Any) -> None:
     """SIGINT or SIGTERM while servers run: stop them all (no ledger writes here), then do what the signal meant."""
+    global _signals_received
+    _signals_received += 1
     previous = _previous_handlers.get(signum, signal.SIG_DFL)
     servers = live_servers()
     _restore_handlers()  # a second Ctrl-C while stopping interrupts the wait; atexit then finishes the job
@@ -237,6 +250,21 @@ def stop_all() -> None:
 
 # ---------------------------------------------------------------------------------------------- one server
 
+# Never passed on to a launched server: the keys of the model that drives pivot and of the model providers (a server
+# under test has no use for them, and its logs, crash dumps and /proc are read by others on a shared host), and
+# pivot's own test hooks. HF_TOKEN stays: SGLang needs it to download gated weights.
+MODEL_KEY_VARS = frozenset({
+    "PIVOT_MODEL_API_KEY", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY",
+    "GROQ_API_KEY", "MISTRAL_API_KEY", "CO_API_KEY", "COHERE_API_KEY", "DEEPSEEK_API_KEY", "OPENROUTER_API_KEY",
+    "XAI_API_KEY", "TOGETHER_API_KEY", "FIREWORKS_API_KEY", "CEREBRAS_API_KEY", "AZURE_OPENAI_API_KEY",
+    "HUGGINGFACE_API_KEY", "API_KEY", "LOGFIRE_TOKEN", "AWS_BEARER_TOKEN_BEDROCK", FAULT_VAR,
+})  # fmt: skip
+
+
+def server_environ() -> dict[str, str]:
+    """This process's environment without the model and provider keys (MODEL_KEY_VARS): what a server inherits."""
+    return {k: v for k, v in os.environ.items() if k not in MODEL_KEY_VARS}
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nobody listens on right now at `host`."""
@@ -244,6 +272,53 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def port_answers(base_url: str, timeout_s: float = 0.5) -> bool:
+    """Whether something already accepts TCP connections at the URL's host and port."""
+    parts = urlsplit(base_url)
+    if parts.hostname is None:
+        return False
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _listen_inodes(port: int) -> set[str]:
+    """Inodes of the sockets listening on TCP `port` on this host (/proc/net/tcp and tcp6); empty without /proc."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    return inodes
+
+
+def group_listens(pgid: int, port: int, *, started_since: str | None = None) -> bool | None:
+    """Whether a process of group `pgid` holds the socket listening on `port`; None when this host cannot say
+    (no /proc, or the server runs elsewhere: a container, another host)."""
+    inodes = _listen_inodes(port)
+    if not inodes:
+        return None
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    for pid in group_members(pgid, started_since=started_since):
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                if os.readlink(fd) in wanted:
+                    return True
+    return False
 
 
 def url_for(host: str, port: int) -> str:
@@ -271,6 +346,7 @@ class ManagedServer:
         health_timeout_s: float = HEALTH_TIMEOUT_S,
         ledger: LedgerLink | None = None,
         failure_rules: Sequence[FailureRule] = COMMON_RULES,
+        owner_check: bool = True,
     ) -> None:
         if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
             raise PivotError(f"a server command must be a non-empty list of strings, got {argv!r}")
@@ -281,6 +357,9 @@ class ManagedServer:
         self.cwd = cwd
         self.ready_line, self.stop_grace_s, self.health_timeout_s = ready_line, stop_grace_s, health_timeout_s
         self.ledger, self.failure_rules = ledger, tuple(failure_rules)
+        self.owner_check = (
+            owner_check  # False behind a launch prefix (docker exec, ssh): the socket's owner is elsewhere
+        )
         self.server_id: int | None = None
         self.pid = self.pgid = -1
         self.proc_start: str | None = None
@@ -304,7 +383,18 @@ class ManagedServer:
         if self._proc is not None:
             raise PivotError("this server was started already")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        if port_answers(self.base_url):
+            message = f"something already listens at {self.base_url}, so {self.engine} was not launched there"
+            self.failure = "port-in-use"
+            raise ServerStartError(
+                message,
+                failure="port-in-use",
+                log_tail=[message],
+                log_path=self.log_path,
+            )
+        env = {**server_environ(), "PYTHONUNBUFFERED": "1", **self.env}
+        if self.ledger is not None:  # found by the next Session.open even if pivot dies before recording it
+            env[MARK_VAR] = server_mark(self.ledger.store.path, self.ledger.session_id)
         with self.log_path.open("ab") as log:
             self._log_start = log.tell()
             try:
@@ -324,6 +414,7 @@ class ManagedServer:
                 ) from e
             except OSError as e:
                 raise PivotError(f"cannot launch {self.engine}: {self.argv[0]!r}: {e.strerror or e}") from e
+        fault_point("spawned")
         self.pid = self.pgid = self._proc.pid  # start_new_session: it leads its own session and process group
         self.proc_start = proc_start(self.pid)
         _register(self)
@@ -401,7 +492,9 @@ class ManagedServer:
         """Return once /health answers 200 and the ready line is logged; raise ServerStartError if it exits or times out.
 
         A timed-out server is stopped (recorded as stopped, failure startup-timeout). When /health has answered
-        200 for READY_LINE_GRACE_S without the ready line (a log level that hides it), the server counts as ready.
+        200 for READY_LINE_GRACE_S without the ready line (a log level that hides it), or at once for an engine that
+        prints none, the server counts as ready only if the socket listening on the health port belongs to its
+        process group (another process's server on that port is never taken for it).
         """
         if self._proc is None:
             raise PivotError("the server was never started")
@@ -409,7 +502,11 @@ class ManagedServer:
             return
         follower = _LogFollower(self.log_path, self._log_start)
         ready_line = self.ready_line
-        line_seen = ready_line is None
+        line_seen = False
+
+        def said_ready() -> bool:  # the server's own log said it serves (an engine without a ready line never does)
+            return ready_line is not None and line_seen
+
         t0 = time.monotonic()
         next_progress = t0
         healthy_since: float | None = None
@@ -426,12 +523,14 @@ class ManagedServer:
                 now = time.monotonic()
                 if status == 200:
                     healthy_since = healthy_since if healthy_since is not None else now
-                    if line_seen or now - healthy_since >= READY_LINE_GRACE_S:
+                    if said_ready() or (
+                        (ready_line is None or now - healthy_since >= READY_LINE_GRACE_S) and self._answers_itself()
+                    ):
                         break
                 else:
                     healthy_since = None
-                    if line_seen and status in (401, 403):  # ready, but /health wants the API key
-                        break
+                    if status in (401, 403) and (said_ready() or (ready_line is None and self._answers_itself())):
+                        break  # ready, but /health wants the API key
                 elapsed = now - t0
                 if elapsed >= timeout_s:
                     raise self._timed_out(timeout_s)
@@ -446,6 +545,15 @@ class ManagedServer:
         self._record("ready")
         if on_progress is not None:
             on_progress(f"ready after {time.monotonic() - t0:.1f} s at {self.base_url}")
+
+    def _answers_itself(self) -> bool:
+        """Without the ready line: whether the socket answering /health is this server's (its process group's).
+        When this host cannot tell (the server runs in a container or elsewhere), /health alone has to do."""
+        port = urlsplit(self.health_url).port
+        if port is None or not self.owner_check:
+            return True
+        ours = group_listens(self.pgid, port, started_since=self.proc_start)
+        return ours is None or ours
 
     def _start_failure(self) -> ServerStartError:
         tail = self.log_tail(CLASSIFY_LINES)

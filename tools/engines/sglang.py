@@ -60,6 +60,9 @@ FAILURE_RULES: tuple[FailureRule, ...] = (
     PORT_RULE,
     not_installed_rule("sglang", "sglang"),
     *RUNTIME_RULES,
+    # the twin behind SGLang's interface (`pivot sim serve`, the sim-http engine): a value SGLang's parser takes but
+    # the twin cannot simulate
+    FailureRule("not-simulable", _rx(r"pivot twin: cannot simulate")),
     FailureRule(
         "argument-validation",
         _rx(r"\b(ValueError|AssertionError|ArgumentTypeError|NotImplementedError)\b"),
@@ -113,13 +116,16 @@ class SGLangEngine(CatalogEngine):
         source: m.Source = "measured",
         time_scale: float | None = None,
         warmup_pause_s: float = 1.0,
+        auth_env: str | None = None,
     ) -> None:
         """Options: `launcher` launch_server (default) or serve; `python` the interpreter that has SGLang (default
         this one, or python3 behind a prefix); `prefix` an argv put in front (`docker exec NAME`, `ssh host`,
         `env -u X`); `command` the whole launch command instead of launcher and python; `env` added to the
         server's environment (behind `docker exec`, pass variables with the prefix's own -e); `host`/`port`
         where it listens unless the flags say (default 127.0.0.1 and a free port); `force` launch even when the
-        audit finds flags SGLang refuses; `stop_grace_s` SIGTERM to SIGKILL."""
+        audit finds flags SGLang refuses; `stop_grace_s` SIGTERM to SIGKILL; `auth_env` the name of an environment
+        variable whose value the benchmark sends as `Authorization: Bearer` (a server started with --api-key;
+        nothing is sent otherwise, and pivot's own model keys are never passed to the server)."""
         if launcher not in ("launch_server", "serve"):
             raise PivotError(f"unknown SGLang launcher {launcher!r}", hint="use launch_server or serve")
         self.name, self.version, self.launcher = name, version, launcher
@@ -131,6 +137,7 @@ class SGLangEngine(CatalogEngine):
         self.force, self.require_model = force, require_model
         self.ready_timeout_s, self.stop_grace_s, self.health_path = ready_timeout_s, stop_grace_s, health_path
         self.source, self.time_scale, self.warmup_pause_s = source, time_scale, warmup_pause_s
+        self.auth_env = auth_env
 
     def with_seed(self, seed: int) -> SGLangEngine:
         """A copy whose launch command draws its noise from `seed`, when the command takes one (the twin's
@@ -233,6 +240,7 @@ class SGLangEngine(CatalogEngine):
             cwd=self.cwd,
             ready_line=self.ready_line,
             stop_grace_s=self.stop_grace_s,
+            owner_check=not self.prefix,
             ledger=ledger,
             failure_rules=self.failure_rules,
             gauges=self.gauges,
@@ -241,6 +249,7 @@ class SGLangEngine(CatalogEngine):
             warmup_pause_s=self.warmup_pause_s,
             time_scale=self.time_scale,
             audit=issues,
+            auth_env=self.auth_env,
         )
 
 

@@ -187,6 +187,7 @@ class VLLMEngine(CatalogEngine):
             cwd=self.cwd,
             ready_line=self.ready_line,
             stop_grace_s=self.stop_grace_s,
+            owner_check=not self.prefix,
             ledger=ledger,
             failure_rules=self.failure_rules,
             gauges=self.gauges,

@@ -187,7 +187,7 @@ _COMPARE: dict[type[ast.cmpop], Callable[[Any, Any], bool]] = {
 
 
 def _evaluate(node: ast.AST, values: Mapping[str, Any]) -> Any:
-    """Evaluate the small expression language of `when` (names, constants, comparisons, and/or/not)."""
+    """Evaluate the small expression language of `when` (names, constants, comparisons, and/or/not, %)."""
     if isinstance(node, ast.Expression):
         return _evaluate(node.body, values)
     if isinstance(node, ast.BoolOp):
@@ -204,6 +204,8 @@ def _evaluate(node: ast.AST, values: Mapping[str, Any]) -> Any:
                 return False
             left = right
         return True
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
+        return _evaluate(node.left, values) % _evaluate(node.right, values)
     if isinstance(node, ast.Name):
         return values[node.id]
     if isinstance(node, ast.Constant):
@@ -233,7 +235,11 @@ class InvalidCombination:
         """True when the parsed values (dest -> value, defaults included) make the engine refuse to start."""
         try:
             return bool(_evaluate(self._tree, values))
-        except (KeyError, TypeError):  # a dest missing or a None compared with a number: cannot be decided
+        except (
+            KeyError,
+            TypeError,
+            ZeroDivisionError,
+        ):  # a dest missing or a None compared with a number: cannot be decided
             return False
 
 

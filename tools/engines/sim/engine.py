@@ -12,7 +12,7 @@ from agent.session import LedgerLink, LevelCallback, ProgressCallback
 from tools.engines.base import CatalogEngine
 from tools.engines.catalog import CatalogError
 from tools.engines.sglang import FAILURE_RULES as SGLANG_FAILURE_RULES
-from tools.engines.sim.scheduler import LevelSimulation
+from tools.engines.sim.scheduler import LevelSimulation, SimulationStopped
 from tools.engines.sim.twin import Twin, TwinStartupError, not_modelled_flags
 
 VERSION = "0.5.23"
@@ -71,14 +71,21 @@ class SimDeployment:
 
         `on_level` gets a finished LevelProgress per level, `output_file` one JSON line per level, as over HTTP."""
         from tools import loadgen
+        from tools.engines import process
 
         result = m.BenchResult(
             spec=spec, engine="sim", source="simulated", raw_path=str(output_file) if output_file else None
         )
         self.level_telemetry, self._sims = [], []
-        for index, (level, sim) in enumerate(
-            self.twin.predict(spec, noise=self.noise, down=not self._alive, seed=self.seed)
-        ):
+        signals = process.signals_received()
+        alive = self._alive
+
+        def check() -> None:  # SIGTERM/SIGINT since it began, or stopped (a TUI cancel): end within a second
+            if process.signals_received() != signals or (alive and not self._alive):
+                raise SimulationStopped("the simulated benchmark was stopped before it finished")
+
+        levels = self.twin.predict(spec, noise=self.noise, down=not alive, seed=self.seed, check=check)
+        for index, (level, sim) in enumerate(levels):
             result.levels.append(level)
             if output_file is not None:
                 loadgen.append_jsonl(output_file, level)

@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from agent.errors import PivotError
 from tools.engines.sim.costmodel import CostModel, StepCost
 from tools.metrics import RequestRecord
 from tools.profiles import Fault
@@ -43,6 +45,17 @@ from tools.profiles import Fault
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
 NEW_TOKEN_RATIO_DECAY_STEPS = 600
+STEPS_PER_TOKEN_BOUND = 20  # a level ends within this many steps per token of its workload (plus STEPS_SLACK)
+STEPS_SLACK = 10_000
+CHECK_EVERY = 64  # steps (and records) between two calls of a level's `check` (a signal, a stopped deployment)
+
+
+class SimulationStuck(PivotError):
+    """The scheduler cannot make progress with these limits: the level would never end."""
+
+
+class SimulationStopped(PivotError):
+    """The level was stopped before it finished (pivot got SIGTERM or SIGINT, or the deployment was stopped)."""
 
 
 @dataclass(frozen=True)
@@ -335,13 +348,24 @@ def simulate_level(
     noise: float = 0.0,
     fault: Fault | None = None,
     ignore_eos: bool = True,
+    check: Callable[[], None] | None = None,
 ) -> LevelSimulation:
     """Simulate one benchmark level in virtual time: the client keeps `max_concurrency` requests in flight,
-    each sent when it is due (`arrivals_s`, all at once by default) and a slot is free."""
+    each sent when it is due (`arrivals_s`, all at once by default) and a slot is free.
+
+    Bounded: limits under which nothing can ever be admitted raise SimulationStuck at once, and a level that
+    has not ended after STEPS_PER_TOKEN_BOUND steps per token of its workload raises it too. `check` is called
+    every CHECK_EVERY steps and records; it raises (SimulationStopped) to end the level early."""
     n = len(input_lens)
+    max_steps = STEPS_PER_TOKEN_BOUND * int(np.sum(input_lens) + np.sum(output_lens)) + STEPS_SLACK
+    steps = 0
     core = EngineCore(cost, limits, noise=noise, seed=seed, fault=fault, ignore_eos=ignore_eos)
     arrivals = np.zeros(n) if arrivals_s is None else np.asarray(arrivals_s, dtype=np.float64)
-    reqs = [Req(i, int(input_lens[i]), int(output_lens[i])) for i in range(n)]
+    reqs = []
+    for i, (a, b) in enumerate(zip(input_lens.tolist(), output_lens.tolist(), strict=True)):
+        if check is not None and i % CHECK_EVERY == 0:
+            check()
+        reqs.append(Req(i, int(a), int(b)))
     send = np.zeros(n)
     end = np.full(n, np.nan)
     errors: dict[int, str] = {}
@@ -369,9 +393,22 @@ def simulate_level(
                 break
             t = pending[0][0]
             continue
+        steps += 1
+        if check is not None and steps % CHECK_EVERY == 0:
+            check()
+        if steps > max_steps:
+            raise SimulationStuck(
+                f"the twin's scheduler did not finish the level at concurrency {max_concurrency} in {max_steps:,} "
+                f"steps (limits {limits}): it cannot simulate this configuration"
+            )
         step = core.step()
         if step is None:
-            continue
+            if pending and pending[0][0] > t:
+                t = pending[0][0]
+                continue
+            raise SimulationStuck(
+                f"the twin's scheduler cannot admit any request with {limits}: it cannot simulate this configuration"
+            )
         if step.fault is not None:
             fault_at = t
             for i in range(n):
@@ -394,6 +431,8 @@ def simulate_level(
     dec, pre = np.asarray(decode_ends), np.asarray(prefill_ends)
     records = []
     for r in reqs:
+        if check is not None and r.rid % CHECK_EVERY == 0:
+            check()
         if r.prefill_token_steps:
             parts = [pre[np.asarray(r.prefill_token_steps) - 1], *(dec[a:b] for a, b in r.segments)]
             times = np.concatenate(parts)

@@ -10,7 +10,8 @@ power per GPU, KV usage, the step-time breakdown and any fault under load.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -45,6 +46,62 @@ class TwinStartupError(PivotError):
     def __init__(self, message: str, log: str, classify: str, exit_code: int = 1) -> None:
         super().__init__(message)
         self.log, self.classify, self.exit_code = log, classify, exit_code
+
+
+NOT_SIMULABLE = "not-simulable"  # the crash class of values SGLang accepts but the twin cannot simulate
+
+# SGLang 0.5.23's own checks on single values, in its words (sglang/srt/arg_groups/validation_hook.py::
+# check_server_args: AssertionError with these messages); the catalog's invalid combinations carry the same.
+SGLANG_VALUE_CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("pp_max_micro_batch_size", lambda v: v is not None and v < 1,
+     "pp_max_micro_batch_size must be a positive integer or None (for auto-compute). Got: {v}"),
+    ("schedule_conservativeness", lambda v: v is not None and v < 0, "schedule_conservativeness must be non-negative"),
+    ("base_gpu_id", lambda v: v is not None and v < 0, "base_gpu_id must be non-negative"),
+    ("gpu_id_step", lambda v: v is not None and v < 1, "gpu_id_step must be positive"),
+)  # fmt: skip
+# What the twin needs of values SGLang's parser takes as they come: dest, the test a value must pass, and what
+# the value must be (in words).
+TWIN_NEEDS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("tp_size", lambda v: v >= 1, "an integer >= 1"),
+    ("pp_size", lambda v: v >= 1, "an integer >= 1"),
+    ("ep_size", lambda v: v >= 1, "an integer >= 1"),
+    ("dp_size", lambda v: v >= 1, "an integer >= 1"),
+    ("attn_dp_size", lambda v: v >= 1, "an integer >= 1"),
+    ("mem_fraction_static", lambda v: math.isfinite(v) and 0 < v <= 1, "a fraction in (0, 1]"),
+    ("max_running_requests", lambda v: v >= 1, "an integer >= 1"),
+    ("max_prefill_tokens", lambda v: v >= 1, "an integer >= 1"),
+    ("max_total_tokens", lambda v: v >= 1, "an integer >= 1"),
+    ("page_size", lambda v: v >= 1, "an integer >= 1"),
+    ("chunked_prefill_size", lambda v: v <= 1 << 24, "at most 16777216 (or -1: no chunking)"),
+    ("cuda_graph_max_bs_decode", lambda v: v >= 1, "an integer >= 1"),
+    ("schedule_conservativeness", lambda v: math.isfinite(v), "a finite number"),
+)
+
+
+def _check_values(args: dict[str, Any]) -> None:
+    """Refuse, before anything is computed from them, the values SGLang's own checks refuse (in its words, as
+    argument-validation) and the values it takes but the twin cannot simulate (a clear startup error)."""
+    for dest, refused, text in SGLANG_VALUE_CHECKS:
+        v = args.get(dest)
+        if isinstance(v, int | float) and refused(v):
+            message = text.format(v=v)
+            raise TwinStartupError(
+                f"SGLang refuses --{dest.replace('_', '-')} {v}: {message}",
+                log=f"AssertionError: {message}",
+                classify="argument-validation",
+            )
+    for dest, ok, needed in TWIN_NEEDS:
+        v = args.get(dest)
+        if v is None or isinstance(v, bool) or not isinstance(v, int | float):
+            continue
+        if not ok(v):
+            flag = "--" + dest.replace("_", "-")
+            raise TwinStartupError(
+                f"the twin cannot simulate {flag} {v}: it must be {needed} (SGLang 0.5.23's parser accepts it; "
+                "a real server would fail later or behave in ways the twin does not model)",
+                log=f"pivot twin: cannot simulate {flag} {v}: it must be {needed}",
+                classify=NOT_SIMULABLE,
+            )
 
 
 def _parse(config: m.ServerConfig, version: str) -> tuple[dict[str, Any], list[str], list[str], list[str]]:
@@ -132,6 +189,7 @@ class Twin:
         if not args.get("model_path"):
             args = {**args, "model_path": model.model_path}
         hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
+        _check_values(args)
         tp, pp = int(args.get("tp_size") or 1), int(args.get("pp_size") or 1)
         ep, dp = int(args.get("ep_size") or 1), int(args.get("dp_size") or 1)
         attn_dp = int(args.get("attn_dp_size") or 1)
@@ -207,13 +265,27 @@ class Twin:
         chunk = args.get("chunked_prefill_size")
         if chunk is None:
             chunk = 2048 if hw.memory_gib < 35 else 4096 if hw.memory_gib < 90 else 8192 if big else 16384
+        page = int(args.get("page_size") or model.default_page_size)
+        if int(chunk) > 0 and int(chunk) % page:  # SGLang's check_server_args, on the resolved values
+            message = "chunked_prefill_size must be divisible by page_size"
+            raise TwinStartupError(
+                f"SGLang refuses chunked_prefill_size {int(chunk)} with page_size {page}: {message}",
+                log=f"AssertionError: {message}",
+                classify="argument-validation",
+            )
+        if kv_tokens < page:
+            raise TwinStartupError(
+                f"the twin cannot simulate --page-size {page}: the KV pool ({kv_tokens} tokens) holds not one page",
+                log=f"pivot twin: cannot simulate a KV pool of {kv_tokens} tokens with page_size {page}",
+                classify=NOT_SIMULABLE,
+            )
         limits = SchedulerLimits(
             max_running_requests=max_running,
             kv_capacity_tokens=kv_tokens,
             chunked_prefill_size=int(chunk),
             max_prefill_tokens=int(args.get("max_prefill_tokens") or 16384),
             schedule_conservativeness=float(args.get("schedule_conservativeness") or 1.0),
-            page_size=int(args.get("page_size") or model.default_page_size),
+            page_size=page,
         )
         load_faults = [
             f
@@ -260,8 +332,8 @@ class Twin:
         inputs, outputs, _, arrivals = workload_draws(spec, spec.prompts_for(concurrency))
         return inputs, outputs, arrivals
 
-    def simulate(self, spec: m.BenchSpec, concurrency: int, *, noise: float = 0.0, seed: int | None = None
-                 ) -> LevelSimulation:  # fmt: skip
+    def simulate(self, spec: m.BenchSpec, concurrency: int, *, noise: float = 0.0, seed: int | None = None,
+                 check: Callable[[], None] | None = None) -> LevelSimulation:  # fmt: skip
         """Simulate one level of `spec` at `concurrency`."""
         inputs, outputs, arrivals = self.workload(spec, concurrency)
         fault = self.load_faults[0] if self.load_faults else None
@@ -276,13 +348,15 @@ class Twin:
             noise=noise,
             fault=fault,
             ignore_eos=spec.ignore_eos,
+            check=check,
         )
 
     def power_w(self, sim: LevelSimulation) -> float:
         """Mean power per GPU over a simulated level, from its tensor-core and memory use (costmodel.power_w)."""
         return self.cost.power_w(sim.tensor_s / sim.wall_s, sim.memory_s / sim.wall_s)
 
-    def level(self, spec: m.BenchSpec, sim: LevelSimulation, concurrency: int) -> m.BenchLevel:
+    def level(self, spec: m.BenchSpec, sim: LevelSimulation, concurrency: int,
+              check: Callable[[], None] | None = None) -> m.BenchLevel:  # fmt: skip
         """The simulated level in bench_serving's keys, plus mean_gpu_power_w and max_token_usage."""
         level = compute_level(
             sim.records,
@@ -293,6 +367,7 @@ class Twin:
             random_input_len=spec.random_input_len,
             random_output_len=spec.random_output_len,
             random_range_ratio=spec.random_range_ratio,
+            check=check,
         )
         return m.BenchLevel(
             **level.model_dump(),
@@ -321,7 +396,13 @@ class Twin:
         )
 
     def predict(
-        self, spec: m.BenchSpec, *, noise: float = 0.0, down: bool = False, seed: int | None = None
+        self,
+        spec: m.BenchSpec,
+        *,
+        noise: float = 0.0,
+        down: bool = False,
+        seed: int | None = None,
+        check: Callable[[], None] | None = None,
     ) -> list[tuple[m.BenchLevel, LevelSimulation]]:
         """Every level of `spec`; once the server is down (a fault under load, or `down`) later levels all fail.
         `seed` draws the noise (default: the workload's seed); the workload itself always comes from the spec."""
@@ -338,8 +419,8 @@ class Twin:
                 )
                 out.append((level, sim))
                 continue
-            sim = self.simulate(spec, concurrency, noise=noise, seed=seed)
-            out.append((self.level(spec, sim, concurrency), sim))
+            sim = self.simulate(spec, concurrency, noise=noise, seed=seed, check=check)
+            out.append((self.level(spec, sim, concurrency, check), sim))
             down = sim.fault is not None
         return out
 
