@@ -844,7 +844,7 @@ class Event(_Model):
 
 
 # --------------------------------------------------------------------------------------------------
-# Analysis findings and GEMM micro-benchmarks: ledger rows the reports render (tools/analysis.py writes them).
+# Analysis findings and GEMM micro-benchmarks: ledger rows the reports render (tools/analysis/ writes them).
 
 BottleneckCategory = Literal[
     "small_batch_expert_gemm",

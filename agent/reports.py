@@ -789,7 +789,7 @@ def _default_question(ledger: Ledger, steps: list[tuple[m.PlanItem, Expectation 
 def plan_warnings(ledger: Ledger) -> dict[str, list[str]]:
     """Per plan item, the plan checks' warnings and errors recorded in the ledger ("error: ...", "warning: ..."),
     errors first: what a pivot option proposing the item, its document and the summary's next steps must say.
-    The checks are tools/analysis.py `check_plan`; they run with every document and summary the tools write."""
+    The checks are tools/analysis/ `check_plan`; they run with every document and summary the tools write."""
     out: dict[str, list[str]] = {}
     claims = [f for f in ledger.findings if f.kind == "claim" and f.plan_item and f.severity in ("warning", "error")]
     for f in sorted(claims, key=lambda f: (f.severity != "error", f.plan_item or "")):

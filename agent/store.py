@@ -253,7 +253,7 @@ def _m003_server_identity(db: Database) -> None:
 
 
 def _m004_analysis(db: Database) -> None:
-    # What tools/analysis.py finds (one sentence and its numbers per row), and GEMM micro-benchmark results.
+    # What tools/analysis/ finds (one sentence and its numbers per row), and GEMM micro-benchmark results.
     db["findings"].create(
         {
             "id": int,

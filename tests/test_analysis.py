@@ -303,3 +303,41 @@ def test_a_profile_of_the_same_configuration_is_what_the_root_cause_uses(glm5, s
     assert any(f.text.startswith(said) for f in a.findings)
     again = analyze(glm5, best)  # re-analysed: its copy still says where the profile was measured
     assert any(f.text.startswith(said) for f in again.findings)
+
+
+def test_the_first_rule_whose_condition_holds_gives_the_verdict(glm5):
+    """tools/analysis/bottlenecks.py on the baseline's levels, reshaped so that one more rule's condition holds
+    each time: the verdict follows RULES (KV capacity, host overhead, prefill interference, then the largest part
+    of the decode step), and the verdict's evidence carries its category."""
+    from tools.analysis.bottlenecks import RULES, _decide
+
+    assert [r.__name__ for r in RULES[:3]] == ["kv_capacity", "host_overhead", "prefill_interference"]
+    a = analyze(glm5)
+    roof = Roofline(load_model("glm-5-nvfp4"), load_hardware(a.hardware), a.tp, a.pp, a.ep, None)
+    rows = list(a.levels)
+    i = next(k for k, r in enumerate(rows) if r.max_concurrency == a.reference_concurrency)
+    assert i > 0 and rows[0].max_concurrency <= 2
+
+    def decide(ref=None, low=None, kv=False):
+        shaped = list(rows)
+        shaped[i] = shaped[i].model_copy(update=ref or {})
+        shaped[0] = shaped[0].model_copy(update=low or {})
+        if kv:  # the reference level: KV pool full and throughput flat against the level before
+            shaped[i] = shaped[i].model_copy(update={"kv_usage_pct": 95.0, "scaling_exponent": 0.1})
+        category, evidence, _ = _decide(roof, shaped, shaped[i], None, [], None, load_hardware(a.hardware))
+        assert evidence and all(f.category == category for f in evidence)
+        return category
+
+    ref = rows[i]
+    gpu_ms = sum(ref.estimate_ms.values())
+    assert decide() == a.bottleneck == "small_batch_expert_gemm"
+    slow_tokens = {"mean_tpot_ms": 100 * ref.decode_step_ms}  # TPOT far above the decode step: prefill in between
+    host_bound = {"mean_tpot_ms": 10 * gpu_ms}  # at concurrency 1 the host adds more than the GPU work at R
+    assert decide(ref=slow_tokens) == "prefill_interference"
+    assert decide(ref=slow_tokens, low=host_bound) == "host_overhead"
+    assert decide(ref=slow_tokens, low=host_bound, kv=True) == "kv_capacity"
+    fast_gemm = {"gemm_bound": "compute", "share_of_peak_pct": 60.0}
+    assert decide(ref=fast_gemm) == "compute"
+    for largest, category in (("attention", "memory_bandwidth"), ("communication", "communication")):
+        estimate = {**ref.estimate_ms, largest: 10 * gpu_ms}
+        assert decide(ref={"estimate_ms": estimate}) == category

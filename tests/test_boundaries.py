@@ -63,3 +63,43 @@ def test_only_the_store_writes_sql():
         if p.name != "store.py" and any(s in p.read_text() for s in pattern)
     ]
     assert not offenders, offenders
+
+
+# Size limits: no module over MAX_MODULE_LINES lines, no function over MAX_FUNCTION_LINES (a function's lines run
+# from its `def` to its last line, decorators and docstring included). Enforced for SIZED_PATHS; the rest of agent/
+# and tools/ is split in later sessions: add a path here once it is within the limits (["agent", "tools"] when all are).
+MAX_MODULE_LINES = 700
+MAX_FUNCTION_LINES = 100
+SIZED_PATHS = ["tools/analysis"]
+
+
+def size_offenders(paths: list[str], root: Path = ROOT) -> list[str]:
+    """Modules over MAX_MODULE_LINES lines and functions over MAX_FUNCTION_LINES, under `paths` (files or folders)."""
+    files = sorted({f for p in paths for f in ([root / p] if p.endswith(".py") else (root / p).rglob("*.py"))})
+    out = []
+    for path in files:
+        source = path.read_text()
+        rel = path.relative_to(root)
+        lines = len(source.splitlines())
+        if lines > MAX_MODULE_LINES:
+            out.append(f"{rel}: {lines} lines")
+        for node in ast.walk(ast.parse(source, filename=str(path))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno is not None:
+                size = node.end_lineno - min([node.lineno, *(d.lineno for d in node.decorator_list)]) + 1
+                if size > MAX_FUNCTION_LINES:
+                    out.append(f"{rel}:{node.lineno} {node.name}(): {size} lines")
+    return out
+
+
+def test_modules_and_functions_stay_small():
+    offenders = size_offenders(SIZED_PATHS)
+    assert not offenders, "split these (one rule per function, one concern per module): " + "; ".join(offenders)
+
+
+def test_the_size_checker_catches_a_long_module_and_a_long_function(tmp_path):
+    long_function = "def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "big.py").write_text(long_function + "y = 2\n" * MAX_MODULE_LINES)
+    (tmp_path / "pkg" / "small.py").write_text("def g():\n    return 1\n")
+    found = size_offenders(["pkg"], root=tmp_path)
+    assert found == [f"pkg/big.py: {MAX_FUNCTION_LINES + 1 + MAX_MODULE_LINES} lines", "pkg/big.py:1 f(): 101 lines"]

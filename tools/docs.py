@@ -274,7 +274,7 @@ def record_verdict(
 
 
 def check_plan_quietly(session: Session) -> None:
-    """The plan checks (tools/analysis.py `check_plan`), recorded before a document or summary is written so an
+    """The plan checks (tools/analysis/ `check_plan`), recorded before a document or summary is written so an
     item with a physics or direction error carries it before any launch; a plan the checks cannot read (no model
     profile) is left unchecked, with a notice."""
     from tools.analysis import check_plan

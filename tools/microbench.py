@@ -2,7 +2,7 @@
 
 The measuring is tools/gemm.py (PyTorch only, also runnable alone as `python -m tools.gemm` on a GPU host
 without pivot's dependencies); this module picks the shapes from the session's target, turns each timed
-case into a `MicrobenchResult` row of the ledger's `microbench_results` (what tools/analysis.py reads in
+case into a `MicrobenchResult` row of the ledger's `microbench_results` (what tools/analysis/ reads in
 place of the hardware profile's GEMM-efficiency fit: same device, same dtype, nearest rows and width), and
 imports results measured elsewhere (`pivot microbench --from-json`).
 
