@@ -43,8 +43,8 @@ from agent import models as m
 from agent import reports
 from agent.session import Session
 from tools import search
+from tools.experiments import unmeasurable_item
 from tools.method import Decision, Method, baseline_runs_needed, not_measured_text, understood
-from tools.server import unmeasurable_item
 
 PROMISING_FACTOR = 2.0  # a plan item is promising when it expects at least this times the noise floor
 

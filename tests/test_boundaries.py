@@ -55,6 +55,70 @@ def test_tools_never_import_the_loop_cli_or_tui():
     assert not bad, bad
 
 
+def _plugin_modules(root: Path = ROOT) -> dict[str, str]:
+    """The tool plugins' modules (the `pivot.tools` entry points in pyproject.toml), by entry-point name."""
+    import tomllib
+
+    eps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["entry-points"]["pivot.tools"]
+    return {name: target.split(":")[0] for name, target in eps.items()}
+
+
+def _modules_imported(path: Path, package: str) -> set[str]:
+    """Every module a file imports, `from pkg import name` counted as `pkg.name` too, relative imports resolved
+    against `package` (the file's own package)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - (node.level - 1)] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            out.add(module)
+            out |= {f"{module}.{a.name}" for a in node.names}
+    return out
+
+
+def plugin_cross_imports(root: Path = ROOT) -> list[str]:
+    """Tool plugin modules that import another tool plugin module (shared code belongs in a module of its own)."""
+    plugins = set(_plugin_modules(root).values())
+    bad = []
+    for module in sorted(plugins):
+        path = root / (module.replace(".", "/") + ".py")
+        if not path.exists():
+            path = root / module.replace(".", "/") / "__init__.py"
+        imported = _modules_imported(path, module.rpartition(".")[0] if path.name != "__init__.py" else module)
+        bad += [f"{module} imports {other}" for other in sorted(plugins - {module}) if other in imported]
+    return bad
+
+
+def test_no_tool_plugin_imports_another_plugin():
+    assert len(_plugin_modules()) >= 2
+    offenders = plugin_cross_imports()
+    assert not offenders, "move the shared code into a module of its own (tools/experiments.py): " + "; ".join(
+        offenders
+    )
+
+
+def test_the_plugin_import_checker_catches_each_spelling(tmp_path):
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "pyproject.toml").write_text(
+        '[project.entry-points."pivot.tools"]\n'
+        'a = "tools.a:toolset"\nb = "tools.b:toolset"\nc = "tools.c:toolset"\nd = "tools.d:toolset"\n'
+        'e = "tools.e:toolset"\n'
+    )
+    (tmp_path / "tools" / "a.py").write_text("from tools.b import x\n")
+    (tmp_path / "tools" / "b.py").write_text("from tools import c\n")
+    (tmp_path / "tools" / "c.py").write_text("from . import d\n")
+    (tmp_path / "tools" / "d.py").write_text("import tools.e\nfrom tools import shared\n")
+    (tmp_path / "tools" / "e.py").write_text("from tools.shared import x\n")
+    assert plugin_cross_imports(tmp_path) == [
+        "tools.a imports tools.b",
+        "tools.b imports tools.c",
+        "tools.c imports tools.d",
+        "tools.d imports tools.e",
+    ]
+
+
 def test_only_the_store_writes_sql():
     pattern = ("execute(", "executescript(", "sqlite3.connect")
     offenders = [

@@ -17,8 +17,8 @@ from agent import reports
 from agent.errors import PivotError
 from agent.session import Session
 from tools import search
+from tools.experiments import REFUSAL_CLASS, audit_issues, proposed_config, unmeasurable_item
 from tools.method import Judgement, Method, not_measured_text
-from tools.server import REFUSAL_CLASS, audit_issues, proposed_config, unmeasurable_item
 
 toolset: FunctionToolset[Session] = FunctionToolset(id="docs", max_retries=3)
 
