@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check pivot's NVML sampler on a real GPU: an idle level, then a bf16 matmul loop as a level, summarized per level.
 
-The sampler is tools/telemetry.py's TelemetryRecorder (background thread, 0.2 s). Level "idle" runs before
+The sampler is tools/telemetry's TelemetryRecorder (background thread, 0.2 s). Level "idle" runs before
 any CUDA context exists; level "load" runs N x N bf16 matrix products back to back. The tokens of
 tokens-per-joule are a pretend count: one per matrix product. The energy from the GPU's counter is set beside
 mean power x duration, as a cross-check of the two readings.

@@ -336,7 +336,7 @@ def test_a_server_without_metrics_is_an_error_in_the_level_not_an_exception(metr
 def test_pivot_power_reads_nvml(monkeypatch):
     nv = fake_pynvml(2)
     nv.power_mw = [350_000, 140_000]
-    monkeypatch.setattr(tm, "_load_pynvml", lambda: nv)
+    monkeypatch.setattr(tm.gpus, "_load_pynvml", lambda: nv)
     monkeypatch.setenv("COLUMNS", "200")
     result = CliRunner().invoke(cli, ["power"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
@@ -351,13 +351,13 @@ def test_pivot_power_reads_nvml(monkeypatch):
 
 
 def test_pivot_power_without_a_driver(monkeypatch):
-    monkeypatch.setattr(tm, "_load_pynvml", lambda: fake_pynvml(driver=False))
+    monkeypatch.setattr(tm.gpus, "_load_pynvml", lambda: fake_pynvml(driver=False))
     result = CliRunner().invoke(cli, ["power"], catch_exceptions=False)
     assert result.exit_code == 1 and result.stdout == ""
     assert "NVML unavailable: NVML Shared Library Not Found" in result.stderr and "--base-url" in result.stderr
     result = CliRunner().invoke(cli, ["power", "--json"], catch_exceptions=False)
     assert result.exit_code == 1 and Telemetry.model_validate_json(result.stdout).source == "unavailable"
     result = CliRunner().invoke(cli, ["power", "--gpus", "7"], catch_exceptions=False)
-    monkeypatch.setattr(tm, "_load_pynvml", lambda: fake_pynvml(2))
+    monkeypatch.setattr(tm.gpus, "_load_pynvml", lambda: fake_pynvml(2))
     result = CliRunner().invoke(cli, ["power", "--gpus", "7"], catch_exceptions=False)
     assert result.exit_code == 1 and "no GPU 7 here: NVML sees 2 GPU(s)" in result.stderr

@@ -72,7 +72,7 @@ def launch_in_session(
 
 
 def read_telemetry(deployment: HttpDeployment) -> m.Telemetry:
-    """GPU and server readings of a deployment now (tools/telemetry.py): NVML on this host and the server's
+    """GPU and server readings of a deployment now (tools/telemetry/): NVML on this host and the server's
     /metrics, or the twin's /sim/telemetry for sim-http. Never raises: what cannot be read is in `error`."""
     from tools.telemetry import TelemetryRecorder
 
