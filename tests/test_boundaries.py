@@ -137,6 +137,7 @@ MAX_FUNCTION_LINES = 100
 SIZED_PATHS = ["tools/analysis"]
 SIZED_PATHS += ["tools/experiments.py"]
 SIZED_PATHS += ["tools/telemetry"]
+SIZED_PATHS += ["tools/loadgen"]
 
 
 def size_offenders(paths: list[str], root: Path = ROOT) -> list[str]:
