@@ -9,17 +9,9 @@ from agent.session import Paths
 from agent.store import Store
 
 IMPROVEMENT_HEADINGS = ("Rationale", "Expected impact", "Implementation", "Risks", "Status")
-
-
 STATUS_HEADINGS = ("Best results", "What was tried", "Ruled out", "Root cause", "Next steps", "Question")
-
-
 KEPT_VERDICTS = (None, "baseline", "adopted")  # configurations that stand
-
-
 SET_ASIDE = ("ruled_out", "crashed", "regressed", "no_gain")
-
-
 VERDICT_WORDS = {
     "baseline": "baseline",
     "adopted": "adopted",
@@ -33,8 +25,6 @@ VERDICT_WORDS = {
     "predicted": "not launched (the twin predicts no gain)",
     None: "not judged",
 }
-
-
 CHANGE_FORMULA = "change = (after - before) / before x 100, per level"
 
 
