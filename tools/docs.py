@@ -2,7 +2,7 @@
 
 Verdicts go through the method's rules (tools/method.py): nothing inside the measured noise is adopted, a gain
 inside it is rerun before it is called no gain, and an item whose flags the engine refuses is ruled out without
-launching. Documents are rendered from the ledger by agent/reports.py; these tools only ask for them.
+launching. Documents are rendered from the ledger by agent/reports/; these tools only ask for them.
 """
 
 from __future__ import annotations

@@ -1,0 +1,208 @@
+"""The ledger, read once per rendering: the `Ledger` read model (figures, spreads, the noise band, the best per
+level) and the plan checks' warnings per item."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from agent import models as m
+from agent.reports.common import KEPT_VERDICTS
+from agent.store import Store
+
+
+@dataclass
+class Ledger:
+    """Everything a report needs about one session, read from the store."""
+
+    record: m.Session
+    experiments: list[m.Experiment]
+    levels: dict[int, dict[int, m.BenchLevel]]  # experiment -> concurrency -> the mean of its runs (BenchLevel.mean)
+    sources: dict[int, str]
+    telemetry: dict[int, dict[int, m.Telemetry]]
+    findings: list[m.Finding]
+    documents: list[m.Document]
+    pivots: list[m.Pivot]
+    runs: dict[int, int] = field(default_factory=dict)  # experiment -> benchmark runs (reruns average)
+    usage: list[m.ModelUsage] = field(default_factory=list)  # the model's use, one row per agent run
+    # experiment -> concurrency -> (max - min) / mean of its runs' output tok/s, in %, where it has two or more
+    spread_pct: dict[int, dict[int, float]] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, store: Store, session_id: str) -> Ledger:
+        record = store.get_session(session_id)
+        experiments = store.experiments(record.id)
+        levels: dict[int, dict[int, m.BenchLevel]] = {}
+        sources: dict[int, str] = {}
+        telemetry: dict[int, dict[int, m.Telemetry]] = {}
+        runs: dict[int, int] = {}
+        spread: dict[int, dict[int, float]] = {}
+        for e in experiments:
+            eid = e.id or 0
+            by_level: dict[int, list[m.BenchLevel]] = {}
+            results = store.bench_results(eid)
+            runs[eid] = len(results)
+            for result in results:
+                sources[eid] = result.source
+                for level in result.levels:
+                    if level.max_concurrency is not None:
+                        by_level.setdefault(level.max_concurrency, []).append(level)
+            levels[eid] = {c: m.BenchLevel.mean(lvs) for c, lvs in by_level.items()}
+            for c, lvs in by_level.items():
+                ok = [lv.output_throughput for lv in lvs if lv.completed > 0 and lv.failed == 0]
+                if len(ok) >= 2 and sum(ok) > 0:
+                    spread.setdefault(eid, {})[c] = (max(ok) - min(ok)) / (sum(ok) / len(ok)) * 100
+            telemetry[eid] = {t.max_concurrency: t for t in store.telemetry(eid) if t.max_concurrency is not None}
+        return cls(
+            record=record,
+            experiments=experiments,
+            levels=levels,
+            sources=sources,
+            telemetry=telemetry,
+            findings=store.findings(record.id),
+            documents=store.documents(record.id),
+            pivots=store.pivots(record.id),
+            runs=runs,
+            usage=store.usage(record.id),
+            spread_pct=spread,
+        )
+
+    def band_pct(self) -> float:
+        """The noise band, as the method sets it: max(the session's minimum gain, the spread of the baseline's runs
+        at its highest level that completed)."""
+        floor = self.record.settings.min_gain_pct
+        base = self.baseline()
+        if base is None:
+            return floor
+        ok = self.ok_levels(base)
+        spread = self.spread_pct.get(base.id or 0, {}).get(max(ok)) if ok else None
+        return max(floor, spread or 0.0)
+
+    @property
+    def plan(self) -> m.Plan:
+        return self.record.plan
+
+    def experiment(self, experiment_id: int | None) -> m.Experiment | None:
+        return next((e for e in self.experiments if e.id == experiment_id), None)
+
+    def ok_levels(self, e: m.Experiment) -> dict[int, m.BenchLevel]:
+        """Levels that completed requests without failures."""
+        return {c: lv for c, lv in self.levels.get(e.id or 0, {}).items() if lv.completed > 0 and lv.failed == 0}
+
+    def figure(self, e: m.Experiment) -> tuple[float, int, int] | None:
+        """The one number every view gives for an experiment: (output tok/s, concurrency, runs), the mean of its
+        runs at the level where that mean is highest (levels with failed requests left out). None when nothing
+        completed, or when the engine did not model the change (its numbers say nothing of it)."""
+        ok = self.ok_levels(e)
+        if not ok or e.verdict == "not_measured":
+            return None
+        c, level = max(ok.items(), key=lambda kv: (kv[1].output_throughput, kv[0]))
+        return level.output_throughput, c, self.runs.get(e.id or 0, 0)
+
+    def figure_text(self, e: m.Experiment) -> str:
+        """`figure` in words: "2,046 @2048 (2 runs)" (the mean of 2 runs), "" when there is none."""
+        found = self.figure(e)
+        if found is None:
+            return ""
+        tok_s, c, runs = found
+        return f"{tok_s:,.0f} @{c} ({runs} run{'s' if runs != 1 else ''})"
+
+    def base_of(self, e: m.Experiment) -> m.Experiment | None:
+        return self.experiment(e.base_experiment_id)
+
+    def baseline(self) -> m.Experiment | None:
+        for e in self.experiments:
+            if e.kind == "baseline" or e.verdict == "baseline":
+                return e
+        return None
+
+    def change_text(self, e: m.Experiment) -> str:
+        """What the experiment changed, in SGLang's spelling: against its base, else the plan's base flags."""
+        base = self.base_of(e)
+        if e.kind == "baseline" or e.verdict == "baseline":
+            return "base flags: " + config_text(e.config)
+        if base is None and e.kind == "imported":
+            return config_text(e.config) or "(flags not given)"
+        diff = e.config.diff(base.config if base else self.plan.target.base_config())
+        return str(diff)
+
+    def unmodelled(self, e: m.Experiment) -> list[str]:
+        """The flags `e` changes that its engine does not model (recorded on the experiments), as typed."""
+        if e.kind == "baseline" or e.verdict == "baseline":
+            return []
+        base = self.base_of(e)
+        gone = set(e.not_modelled) | set(base.not_modelled if base is not None else [])
+        if not gone:
+            return []
+        diff = e.config.diff(base.config if base else self.plan.target.base_config())
+        return [c.name for c in diff.flags if c.name in gone]
+
+    def not_measured_text(self, e: m.Experiment) -> str:
+        """What a report says of a change the engine could not measure, and what would measure it."""
+        flags = self.unmodelled(e)
+        names = ", ".join(flags) if flags else "the flags this change touches"
+        return f"the twin does not model {names}; measure it on a GPU"
+
+    def power_w(self, e: m.Experiment, c: int) -> tuple[float | None, float | None]:
+        """(mean power per GPU, power limit) at a level, from telemetry."""
+        t = self.telemetry.get(e.id or 0, {}).get(c)
+        if t is None:
+            return None, None
+        watts = [g.power_w_mean for g in t.gpus if g.power_w_mean is not None]
+        limits = [g.power_limit_w for g in t.gpus if g.power_limit_w]
+        return (sum(watts) / len(watts) if watts else None), (sum(limits) / len(limits) if limits else None)
+
+    def item_experiments(self, item_id: str) -> list[m.Experiment]:
+        return [e for e in self.experiments if item_id in e.plan_items]  # combined experiments name every item
+
+    def best_by_level(self) -> dict[int, tuple[m.Experiment, m.BenchLevel]]:
+        """Per concurrency, the highest output tok/s among the configurations that stand (baseline, adopted, not
+        judged) on the reference workload; a level none of them measured falls back to any experiment's."""
+        key = self.workload_key()
+        kept: dict[int, tuple[m.Experiment, m.BenchLevel]] = {}
+        other: dict[int, tuple[m.Experiment, m.BenchLevel]] = {}
+        for e in self.experiments:
+            if e.workload.workload_key() != key:
+                continue
+            target = kept if e.verdict in KEPT_VERDICTS else other
+            for c, lv in self.ok_levels(e).items():
+                if c not in target or lv.output_throughput > target[c][1].output_throughput:
+                    target[c] = (e, lv)
+        return {c: kept.get(c) or other[c] for c in sorted(set(kept) | set(other))}
+
+    def workload_key(self) -> str:
+        """The workload results are compared on: the baseline's (an import may differ from the plan's), else the plan's."""
+        base = self.baseline()
+        return (base.workload if base else self.plan.workload).workload_key()
+
+    def analysed_experiment(self) -> int | None:
+        """The experiment the root cause describes: the best one at the top level if analysed, else the latest."""
+        analysed = [f.experiment_id for f in self.findings if f.kind == "bottleneck" and f.experiment_id]
+        if not analysed:
+            return None
+        best = self.best_by_level()
+        if best:
+            top = best[max(best)][0].id
+            if top in analysed:
+                return top
+        return analysed[-1]
+
+
+def config_text(config: m.ServerConfig) -> str:
+    """The flags of a config without --model-path (the target names the model)."""
+    return str(config.without("--model-path", "--model"))
+
+
+def plan_warnings(ledger: Ledger) -> dict[str, list[str]]:
+    """Per plan item, the plan checks' warnings and errors recorded in the ledger ("error: ...", "warning: ..."),
+    errors first: what a pivot option proposing the item, its document and the summary's next steps must say.
+    The checks are tools/analysis/ `check_plan`; they run with every document and summary the tools write."""
+    out: dict[str, list[str]] = {}
+    claims = [f for f in ledger.findings if f.kind == "claim" and f.plan_item and f.severity in ("warning", "error")]
+    for f in sorted(claims, key=lambda f: (f.severity != "error", f.plan_item or "")):
+        out.setdefault(f.plan_item or "", []).append(f"{f.severity}: {f.text}")
+    return out
+
+
+def _items(e: m.Experiment) -> str:
+    """The plan items an experiment names: "05" or, for a combined step, "05+06"."""
+    return "+".join(e.plan_items) if e.plan_items else ""

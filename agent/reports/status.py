@@ -1,0 +1,448 @@
+"""Status summaries: `status-NNN.md` (Best results, What was tried, Ruled out, Root cause, Next steps, Question),
+each section from its own function."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent import models as m
+from agent.errors import PivotError
+from agent.reports.common import CHANGE_FORMULA, SET_ASIDE, STATUS_HEADINGS, VERDICT_WORDS, SessionLike
+from agent.reports.expectations import Expectation, next_steps
+from agent.reports.html import write_status_html
+from agent.reports.ledger import Ledger, _items, config_text, plan_warnings
+from agent.reports.text import _change, _ms, _signed, _table, _tok, check_document
+from agent.reports.writing import _write, latest_status_doc
+from agent.servers import fault_point
+
+# The "Best results" table: one row per concurrency level.
+BEST_HEADER = ["concurrency", "output tok/s", "total tok/s", "peak output tok/s", "mean TTFT ms", "mean TPOT ms",
+               "experiment", "config", "source"]  # fmt: skip
+BEST_ALIGN = ["r"] * 6 + ["l"] * 3
+
+
+@dataclass
+class Summary:
+    """A rendered status summary: its markdown, its charts' data and what it rests on."""
+
+    number: int
+    markdown: str
+    experiment_ids: list[int]
+    question: str
+    options: list[str]
+    series: dict[str, Any] = field(default_factory=dict)
+
+
+def _default_question(ledger: Ledger, steps: list[tuple[m.PlanItem, Expectation | None]]) -> tuple[str, list[str]]:
+    open_ = [p for p in ledger.pivots if p.open]
+    if open_:
+        return open_[-1].question, open_[-1].options
+    options = [f"{item.id} {item.title}" for item, _ in steps[:3]]
+    options.append("Something else (say what)")
+    return "Which of these should pivot pursue next, or do you have a different direction in mind?", options
+
+
+def prediction_text(e: m.Experiment) -> str:
+    """What the search predicted before the launch, as a clause (empty when nothing was predicted)."""
+    if e.predicted_change_pct is not None:
+        return f"predicted {e.predicted_change_pct:+.1f}%"
+    if e.predicted_tok_s is not None:
+        return f"predicted {_tok(e.predicted_tok_s)} output tok/s"
+    return ""
+
+
+def _effect(ledger: Ledger, e: m.Experiment) -> str:
+    if e.verdict == "predicted":
+        return f"not launched; {prediction_text(e) or 'predicted'} (the twin, not a measurement)"
+    text = _effect_text(ledger, e)
+    pred = prediction_text(e)
+    if pred and (ledger.runs.get(e.id or 0, 0) > 0):
+        text += f" [{pred}]"
+    if e.workload.workload_key() != ledger.workload_key():
+        text += " (on a different workload: not compared)"
+    return text
+
+
+def _effect_text(ledger: Ledger, e: m.Experiment) -> str:
+    if e.verdict == "not_measured":
+        return "not measured: " + ledger.not_measured_text(e)
+    levels = ledger.levels.get(e.id or 0, {})
+    if e.status == "failed" and not levels:
+        return f"did not start ({e.failure or 'failed'})"
+    failed = sorted(c for c, lv in levels.items() if lv.failed > 0)
+    ok = ledger.ok_levels(e)
+    base = ledger.base_of(e)
+    if e.kind == "baseline" or e.verdict == "baseline" or base is None:
+        if not ok:
+            return "no level completed"
+        top = max(ok)
+        text = f"{_tok(ok[top].output_throughput)} output tok/s at {top}" + _runs_note(ledger, e)
+        return text + (f"; requests failed at {', '.join(map(str, failed))}" if failed else "")
+    before = ledger.ok_levels(base)
+    common = sorted(set(before) & set(ok))
+    parts = []
+    if common:
+        c = common[-1]
+        pct = _change(before[c].output_throughput, ok[c].output_throughput)
+        parts.append(
+            f"{_signed(pct)} output tok/s at {c} ({_tok(before[c].output_throughput)} -> {_tok(ok[c].output_throughput)})"
+            + _runs_note(ledger, e)
+        )
+    if failed:
+        parts.append(f"requests failed at {', '.join(map(str, failed))}")
+    return "; ".join(parts) or "nothing comparable measured"
+
+
+def _runs_note(ledger: Ledger, e: m.Experiment) -> str:
+    n = ledger.runs.get(e.id or 0, 0)
+    return f", mean of {n} runs" if n > 1 else ""
+
+
+def render_status(ledger: Ledger, number: int, question: str | None, options: Sequence[str] | None) -> Summary:
+    """The markdown of status summary `number` (and the data of its charts)."""
+    used: set[int] = set()
+    tried = [e for e in ledger.experiments if e.kind != "prior"]
+    out = [f"# Status {number:03d}: {ledger.plan.title}", ""]
+    out += _intro(ledger)
+    out += ["## Best results", "", *_best_results(ledger, used)]
+    out += ["## What was tried", "", *_what_was_tried(ledger, tried, used)]
+    out += ["## Ruled out", "", *_ruled_out(ledger, tried)]
+    out += ["## Root cause", "", *_root_cause(ledger, used)]
+    steps = next_steps(ledger)
+    out += ["## Next steps", "", *_next_steps(ledger, steps, tried)]
+    if question is None:
+        question, options = _default_question(ledger, steps)
+    options = list(options or [])
+    out += ["## Question", "", *_question(ledger, question, options)]
+    text = "\n".join(out).rstrip() + "\n"
+    return Summary(number, text, sorted(used), question, options)
+
+
+def _workload(ledger: Ledger) -> m.BenchSpec:
+    base = ledger.baseline()
+    return base.workload if base else ledger.plan.workload
+
+
+def _intro(ledger: Ledger) -> list[str]:
+    """The session, target and workload in one paragraph, and where the numbers come from."""
+    plan, record = ledger.plan, ledger.record
+    t = plan.target
+    w = _workload(ledger)
+    intro = (
+        f"Session {record.id} ({record.name}), plan {plan.name}: {t.model} on {t.gpus}x {t.hardware}, "
+        f"{t.engine} {t.engine_version or ''}".rstrip()
+        + f". {len(ledger.experiments)} experiment{'s' if len(ledger.experiments) != 1 else ''}. Workload: {w.dataset_name}, input {w.random_input_len} / output "
+        f"{w.random_output_len} tokens (range ratio {w.random_range_ratio:g})."
+    )
+    out = [intro, ""]
+    if any(ledger.sources.get(e.id or 0) == "simulated" for e in ledger.experiments):
+        out += [
+            "Numbers from experiments marked simulated come from pivot's digital twin of SGLang, not from GPUs.",
+            "",
+        ]
+    return out
+
+
+def _best_results(ledger: Ledger, used: set[int]) -> list[str]:
+    best = ledger.best_by_level()
+    if not best:
+        rows = [[c, "", "", "", "", "", "none yet", "", ""] for c in _workload(ledger).concurrency]
+        return [
+            _table(BEST_HEADER, rows, BEST_ALIGN),
+            "",
+            "No level has completed requests yet; the levels are the plan's.",
+            "",
+        ]
+    rows = []
+    for c, (e, lv) in best.items():
+        used.add(e.id or 0)
+        rows.append(
+            [
+                c,
+                _tok(lv.output_throughput),
+                _tok(lv.total_throughput),
+                _tok(lv.max_output_tokens_per_s),
+                _ms(lv.mean_ttft_ms),
+                _ms(lv.mean_tpot_ms),
+                f"#{e.id}",
+                config_text(e.config) or "(no flags)",
+                ledger.sources.get(e.id or 0, ""),
+            ]
+        )
+    return [
+        _table(BEST_HEADER, rows, BEST_ALIGN),
+        "",
+        "Per level, the highest output tok/s among the configurations that stand (the baseline, adopted "
+        "changes and imported runs); a level with failed requests does not count.",
+        "",
+    ]
+
+
+def _what_was_tried(ledger: Ledger, tried: list[m.Experiment], used: set[int]) -> list[str]:
+    if not tried:
+        return ["Nothing yet.", ""]
+    rows = []
+    for e in tried:
+        used.add(e.id or 0)
+        rows.append([f"#{e.id}", _items(e), ledger.change_text(e), _effect(ledger, e), VERDICT_WORDS[e.verdict]])
+    out = [_table(["experiment", "item", "change", "effect", "verdict"], rows), ""]
+    out += [
+        f"Effects compare each experiment with the one it changed, at the highest level both measured ({CHANGE_FORMULA}).",
+        "",
+    ]
+    if any(e.combined for e in tried):
+        out += ["An item column like 05+06 is one experiment that combined those items as one step.", ""]
+    if any(e.predicted_change_pct is not None or e.predicted_tok_s is not None for e in tried):
+        out += [
+            "In brackets: the twin's prediction made before the launch, corrected to this campaign's measurements "
+            '(a prediction, not a measurement); "not launched" rows were never run.',
+            "",
+        ]
+    return out
+
+
+def _ruled_out(ledger: Ledger, tried: list[m.Experiment]) -> list[str]:
+    lines = []
+    for e in tried:
+        if e.verdict in SET_ASIDE:
+            label = f"items {_items(e)} together, " if e.combined else f"item {e.plan_item}, " if e.plan_item else ""
+            title = e.title or ledger.change_text(e)
+            why = e.reason or e.failure or "no reason recorded"
+            lines.append(f"- **{title}** ({label}experiment #{e.id}, {VERDICT_WORDS[e.verdict]}): {why}")
+    for p in ledger.plan.prior:
+        if p.verdict in ("adopted", "baseline"):
+            continue
+        how = f" (`{p.flags}`)" if p.flags else f" ({p.change})" if p.change else ""
+        lines.append(f"- **{p.title}**{how}, before this plan, {VERDICT_WORDS[p.verdict]}: {p.finding}")
+    return (lines or ["Nothing yet."]) + [""]
+
+
+def _next_steps(
+    ledger: Ledger, steps: list[tuple[m.PlanItem, Expectation | None]], tried: list[m.Experiment]
+) -> list[str]:
+    """The untested items ranked, what the twin could not measure, and the items the plan checks say to correct."""
+    plan = ledger.plan
+    out: list[str] = []
+    warnings = plan_warnings(ledger)
+    if steps:
+        for i, (item, _) in enumerate(steps, start=1):
+            tier = plan.tiers.get(item.tier, f"tier {item.tier}")
+            who = "a code change for you to make" if item.kind == "code" else item.kind
+            line = f"{i}. **{item.id} {item.title}** ({tier}; {who}). Expected: {item.expected_impact.strip()}"
+            errors = [w for w in warnings.get(item.id, []) if w.startswith("error")]
+            if errors:
+                line += f" Plan check {errors[0]}"
+            predicted = [e for e in ledger.item_experiments(item.id) if e.verdict == "predicted"]
+            if predicted and prediction_text(predicted[-1]):
+                line += f" Not launched: the twin {prediction_text(predicted[-1])} (experiment #{predicted[-1].id})."
+            out.append(line)
+        out += [
+            "",
+            "Ranked by the midpoint of each item's expected range, as the plan states it; items without a number last.",
+            "",
+        ]
+    else:
+        out += ["Every item of the plan has been tried.", ""]
+    unmeasured = [e for e in tried if e.verdict == "not_measured"]
+    if unmeasured:
+        out += ["To measure on a GPU (the twin does not model what they change, so it did not measure them):", ""]
+        out += [
+            f"- **{e.plan_item or ''} {e.title}**".replace("** ", "**", 1) + f": {ledger.not_measured_text(e)}."
+            for e in unmeasured
+        ] + [""]
+    corrections = [f for f in ledger.findings if f.kind == "claim" and f.severity == "error"]
+    if corrections:
+        out += [
+            "Plan items with a physics or direction error (see Root cause) should be corrected before they are run again: "
+            + ", ".join(sorted({f.plan_item or "" for f in corrections if f.plan_item}))
+            + ".",
+            "",
+        ]
+    return out
+
+
+def _question(ledger: Ledger, question: str, options: list[str]) -> list[str]:
+    out = [question, ""]
+    if options:
+        out += [f"{i}. {o}" for i, o in enumerate(options, start=1)] + [""]
+    elif billed := [u for u in ledger.usage if u.model != "autopilot"]:  # the final summary: the model's use
+        out += [usage_text(billed), ""]  # (the built-in autopilot costs nothing; its tokens are estimates)
+    return out
+
+
+def usage_text(usage: Sequence[m.ModelUsage]) -> str:
+    """The model's use over a session's runs in one sentence: requests, tokens and cost (where it is known)."""
+    requests = sum(u.requests for u in usage)
+    tokens_in = sum(u.input_tokens for u in usage)
+    tokens_out = sum(u.output_tokens for u in usage)
+    models = ", ".join(dict.fromkeys(u.model for u in usage))
+    priced = [u.cost_usd for u in usage if u.cost_usd is not None]
+    if priced and len(priced) == len(usage):
+        cost = f"cost ${sum(priced):,.2f} (genai-prices)"
+    elif priced:
+        cost = f"cost ${sum(priced):,.2f} for the runs with a known price"
+    else:
+        cost = "no price known for this model"
+    runs = len(usage)
+    return (
+        f"Model use ({models}): {runs} run{'s' if runs != 1 else ''}, {requests:,} requests, {tokens_in:,} input "
+        f"and {tokens_out:,} output tokens; {cost}."
+    )
+
+
+def _root_cause(ledger: Ledger, used: set[int]) -> list[str]:
+    eid = ledger.analysed_experiment()
+    claims = [f for f in ledger.findings if f.kind == "claim" and f.severity in ("warning", "error")]
+    out: list[str] = []
+    if eid is None:
+        out += ["No analysis is recorded yet (`pivot summary` runs it on the best experiment first).", ""]
+    else:
+        used.add(eid)
+        fs = [f for f in ledger.findings if f.experiment_id == eid]
+        verdict = next(f for f in fs if f.kind == "bottleneck")
+        title = m.BOTTLENECK_TITLES.get(verdict.category or "", verdict.category or "")
+        out += [f"**{title[0].upper()}{title[1:]}**, from the analysis of experiment #{eid}. {verdict.text}", ""]
+        evidence = [f for f in fs if f.kind == "evidence" and f.category == verdict.category]
+        out += [f"- {f.text}" for f in evidence] + [""]
+        scaling = [f for f in fs if f.kind == "scaling"]
+        notes = [f for f in fs if f.kind == "note"]
+        also = [f for f in fs if f.kind == "evidence" and f.category != verdict.category]
+        if also or scaling or notes:
+            out += ["Also measured:", ""]
+            out += [f"- {f.text}" for f in [*notes, *scaling, *also]] + [""]
+        levels = [f for f in fs if f.kind == "level"]
+        if levels:
+            moe = any("rows_per_expert" in f.values for f in levels)
+            header = [
+                "concurrency",
+                "running requests",
+                "rows per expert" if moe else "GEMM rows (M)",
+                "FLOP/byte",
+                "bound",
+                "GEMM TFLOP per step",
+                "GEMM ms",
+                "TFLOPS",
+                "% of peak",
+                "GB per step",
+                "bandwidth floor ms",
+                "TPOT ms",
+                "TPOT / floor",
+                "W per GPU",
+                "% of power limit",
+                "KV used %",
+            ]
+            rows = []
+            for f in levels:
+                v = f.values
+                rows_pe = v["rows_per_expert"] if moe else round(v["gemm_m"])
+                gemm_ms = v.get("estimate_expert_gemm_ms" if moe else "estimate_dense_gemm_ms")
+                rows.append(
+                    [
+                        int(v["max_concurrency"]),
+                        _tok(v.get("running_decodes")),
+                        _rows(rows_pe),
+                        f"{v['arithmetic_intensity_flop_per_byte']:,.0f}",
+                        "memory" if v.get("memory_bound") else "compute",
+                        f"{v['gemm_tflop']:.4g}" if "gemm_tflop" in v else "",
+                        _ms(gemm_ms),
+                        f"{v['achieved_tflops']:,.1f}",
+                        f"{v['share_of_peak_pct']:.1f}",
+                        f"{v['step_bytes_gb']:.2f}",
+                        _ms(v["bandwidth_floor_ms"]),
+                        _ms(v.get("mean_tpot_ms")),
+                        f"{v['tpot_over_floor']:.1f}",
+                        _tok(v.get("power_w_mean")),
+                        _tok(v.get("power_share_pct")),
+                        _tok(v.get("kv_usage_pct")),
+                    ]
+                )
+            out += [_table(header, rows, ["r"] * len(header)), ""]
+            v = levels[-1].values
+            per_expert = (
+                f"rows per expert = running requests x {v['experts_per_token']:.0f} / {v['experts']:.0f}; "
+                if moe and "experts" in v
+                else ""
+            )
+            out += [
+                f"Each row is one set of numbers, at the requests that actually decode (running requests, from "
+                f"Little's law): {per_expert}TFLOPS = GEMM TFLOP per step / GEMM ms (the decode-step estimate); "
+                f"% of peak = TFLOPS / {v['peak_tflops']:,.0f}; bandwidth floor = GB per step / "
+                f"{v.get('bandwidth_gbs', 0):,.0f} GB/s; TPOT / floor = TPOT ms / bandwidth floor ms.",
+                "",
+            ]
+        formulas = sorted({f.formula for f in fs if f.formula})
+        if formulas:
+            out += ["How the numbers were derived:", ""] + [f"- {x}" for x in formulas] + [""]
+    if claims:
+        out += ["Plan checks (physics and direction):", ""]
+        out += [f"- {f.severity}: {f.text}" for f in claims] + [""]
+    return out
+
+
+def _rows(value: float | None) -> str:
+    if value is None:
+        return ""
+    return f"{value:,.{2 if value < 1 else 1 if value < 10 else 0}f}"
+
+
+def _latest_status(ledger: Ledger) -> int:
+    numbers = [d.number or 0 for d in ledger.documents if d.kind == "status"]
+    return max(numbers, default=0)
+
+
+def write_status_summary(
+    session: SessionLike,
+    question: str | None = None,
+    options: Sequence[str] | None = None,
+    *,
+    new: bool = False,
+    html: bool = False,
+) -> m.Document:
+    """Write status summary `status-NNN.md`: with `new`, the next number (a pivot point), else the latest is
+    rebuilt (001 when there is none). The question defaults to the open pivot's, else one built from the next
+    steps. With `html`, also `status-NNN.html` and its charts. Returns the markdown's ledger record."""
+    ledger = Ledger.read(session.store, session.id)
+    latest = _latest_status(ledger)
+    number = latest + 1 if (new or latest == 0) else latest
+    summary = render_status(ledger, number, question, options)
+    problems = check_document(summary.markdown, STATUS_HEADINGS)
+    if problems:
+        raise PivotError(f"status summary {number:03d} is malformed: {'; '.join(problems)}")
+    known = {d.path: d for d in ledger.documents}
+    folder = session.paths.docs_dir(session.id)
+    doc = m.Document(
+        session_id=session.id,
+        kind="status",
+        number=number,
+        title=f"Status {number:03d}",
+        path="",
+        status="latest",
+        sha256="",
+        experiment_ids=summary.experiment_ids,
+    )
+    saved = _write(session, folder / f"status-{number:03d}.md", summary.markdown, doc, known)
+    fault_point("status-markdown-written")
+    if new:
+        for d in ledger.documents:
+            if d.kind == "status" and (d.number or 0) < number and not d.status.startswith(("superseded", "edited")):
+                session.store.upsert_document(d.model_copy(update={"status": f"superseded by status-{number:03d}"}))
+    if html:
+        write_status_html(session, number, ledger=ledger, markdown_text=summary.markdown, known=known)
+    return saved
+
+
+def complete_status(session: SessionLike) -> m.Document | None:
+    """After a step that was writing a status summary was cut short: write the latest summary's HTML and charts
+    when they are missing or older than its markdown. Returns the HTML's record when it wrote one."""
+    latest = latest_status_doc(session.store.documents(session.id))
+    if latest is None or latest.number is None:
+        return None
+    folder = session.paths.docs_dir(session.id)
+    md_path, html_path = folder / f"status-{latest.number:03d}.md", folder / f"status-{latest.number:03d}.html"
+    if not md_path.exists():
+        return None
+    if html_path.exists() and html_path.stat().st_mtime >= md_path.stat().st_mtime:
+        return None
+    return write_status_html(session, latest.number)
