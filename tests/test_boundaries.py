@@ -70,7 +70,10 @@ def test_only_the_store_writes_sql():
 # and tools/ is split in later sessions: add a path here once it is within the limits (["agent", "tools"] when all are).
 MAX_MODULE_LINES = 700
 MAX_FUNCTION_LINES = 100
-SIZED_PATHS = ["tools/analysis"]
+SIZED_PATHS = [
+    "tools/analysis",
+    "tools/engines/sim",
+]
 
 
 def size_offenders(paths: list[str], root: Path = ROOT) -> list[str]:
