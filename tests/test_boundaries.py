@@ -73,6 +73,7 @@ MAX_FUNCTION_LINES = 100
 SIZED_PATHS = [
     "tools/analysis",
     "tools/engines/sim",
+    "tools/method",
 ]
 
 
