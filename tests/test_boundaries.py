@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CORE = ["agent/models.py", "agent/store.py", "agent/session.py", "agent/plugins.py", "agent/servers.py"]
+CORE = [
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "agent" / "models").glob("*.py")),
+    "agent/store.py",
+    "agent/session.py",
+    "agent/plugins.py",
+    "agent/servers.py",
+]
 FORBIDDEN = ("tools", "textual")
 
 
@@ -146,11 +152,16 @@ def test_only_the_reports_package_writes_under_docs_out():
 # and tools/ is split in later sessions: add a path here once it is within the limits (["agent", "tools"] when all are).
 MAX_MODULE_LINES = 700
 MAX_FUNCTION_LINES = 100
-SIZED_PATHS = ["tools/analysis"]
-SIZED_PATHS += ["tools/experiments.py"]
-SIZED_PATHS += ["tools/telemetry"]
-SIZED_PATHS += ["tools/loadgen"]
-SIZED_PATHS += ["agent/reports"]
+SIZED_PATHS = [
+    "agent/models",
+    "agent/reports",
+    "tools/analysis",
+    "tools/engines/sim",
+    "tools/experiments.py",
+    "tools/loadgen",
+    "tools/method",
+    "tools/telemetry",
+]
 
 
 def size_offenders(paths: list[str], root: Path = ROOT) -> list[str]:

@@ -361,11 +361,7 @@ def simulate_level(
     steps = 0
     core = EngineCore(cost, limits, noise=noise, seed=seed, fault=fault, ignore_eos=ignore_eos)
     arrivals = np.zeros(n) if arrivals_s is None else np.asarray(arrivals_s, dtype=np.float64)
-    reqs = []
-    for i, (a, b) in enumerate(zip(input_lens.tolist(), output_lens.tolist(), strict=True)):
-        if check is not None and i % CHECK_EVERY == 0:
-            check()
-        reqs.append(Req(i, int(a), int(b)))
+    reqs = _requests(input_lens, output_lens, check)
     send = np.zeros(n)
     end = np.full(n, np.nan)
     errors: dict[int, str] = {}
@@ -411,13 +407,7 @@ def simulate_level(
             )
         if step.fault is not None:
             fault_at = t
-            for i in range(n):
-                if np.isnan(end[i]):
-                    if i >= next_to_send:
-                        send[i], errors[i] = t, "connection refused (server is down)"
-                    else:
-                        errors[i] = f"server crashed: {step.fault.log}"
-                    end[i] = max(t, send[i])
+            _fail_unfinished(step.fault, t, next_to_send, send, end, errors)
             break
         t += step.duration_s
         (prefill_ends if step.kind == "prefill" else decode_ends).append(t)
@@ -428,7 +418,58 @@ def simulate_level(
         if step.finished:
             release(t)
 
-    dec, pre = np.asarray(decode_ends), np.asarray(prefill_ends)
+    records = _records(reqs, np.asarray(decode_ends), np.asarray(prefill_ends), send, end, errors, t, check)
+    wall = float(np.nanmax(end) - send.min()) if n and not np.all(np.isnan(end)) else 0.0
+    return LevelSimulation(
+        records=records,
+        busy_s=core.busy_s,
+        tensor_s=core.tensor_s,
+        memory_s=core.memory_s,
+        wall_s=max(wall, 1e-9),
+        breakdown_s=core.breakdown_s,
+        max_token_usage=min(core.max_usage, 1.0),
+        decode_steps=core.decode_index,
+        prefill_steps=core.prefill_index,
+        retractions=core.retractions,
+        fault=fault if fault_at is not None else None,
+        fault_at_s=fault_at,
+    )
+
+
+def _requests(input_lens: np.ndarray, output_lens: np.ndarray, check: Callable[[], None] | None) -> list[Req]:
+    """One Req per benchmark request, in send order."""
+    reqs = []
+    for i, (a, b) in enumerate(zip(input_lens.tolist(), output_lens.tolist(), strict=True)):
+        if check is not None and i % CHECK_EVERY == 0:
+            check()
+        reqs.append(Req(i, int(a), int(b)))
+    return reqs
+
+
+def _fail_unfinished(
+    fault: Fault, t: float, next_to_send: int, send: np.ndarray, end: np.ndarray, errors: dict[int, str]
+) -> None:
+    """A fault at `t`: every unfinished request fails, those not yet sent find the server down."""
+    for i in range(len(end)):
+        if np.isnan(end[i]):
+            if i >= next_to_send:
+                send[i], errors[i] = t, "connection refused (server is down)"
+            else:
+                errors[i] = f"server crashed: {fault.log}"
+            end[i] = max(t, send[i])
+
+
+def _records(
+    reqs: list[Req],
+    dec: np.ndarray,
+    pre: np.ndarray,
+    send: np.ndarray,
+    end: np.ndarray,
+    errors: dict[int, str],
+    t: float,
+    check: Callable[[], None] | None,
+) -> list[RequestRecord]:
+    """Each request's record: its token times from the prefill and decode steps that produced them."""
     records = []
     for r in reqs:
         if check is not None and r.rid % CHECK_EVERY == 0:
@@ -452,18 +493,4 @@ def simulate_level(
                 error=failed,
             )
         )
-    wall = float(np.nanmax(end) - send.min()) if n and not np.all(np.isnan(end)) else 0.0
-    return LevelSimulation(
-        records=records,
-        busy_s=core.busy_s,
-        tensor_s=core.tensor_s,
-        memory_s=core.memory_s,
-        wall_s=max(wall, 1e-9),
-        breakdown_s=core.breakdown_s,
-        max_token_usage=min(core.max_usage, 1.0),
-        decode_steps=core.decode_index,
-        prefill_steps=core.prefill_index,
-        retractions=core.retractions,
-        fault=fault if fault_at is not None else None,
-        fault_at_s=fault_at,
-    )
+    return records

@@ -191,98 +191,23 @@ class Twin:
         hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
         _check_values(args)
         tp, pp = int(args.get("tp_size") or 1), int(args.get("pp_size") or 1)
-        ep, dp = int(args.get("ep_size") or 1), int(args.get("dp_size") or 1)
-        attn_dp = int(args.get("attn_dp_size") or 1)
-        if args.get("enable_dp_attention"):
-            attn_dp = max(attn_dp, tp)
-        if tp * pp * dp > gpus:
-            raise TwinStartupError(
-                f"tp_size * pp_size * dp_size = {tp * pp * dp} needs more GPUs than the {gpus} available",
-                log=f"RuntimeError: CUDA error: invalid device ordinal (world size {tp * pp * dp} > {gpus} GPUs)",
-                classify="cuda-error",
-            )
-        if ep > 1 and tp % ep:
-            raise TwinStartupError(
-                f"tp_size {tp} is not a multiple of ep_size {ep}",
-                log=f"ValueError: tp_size ({tp}) must be divisible by ep_size ({ep})",
-                classify="argument-validation",
-            )
-        a2a_backend = args.get("moe_a2a_backend") or "none"
-        if args.get("enable_two_batch_overlap") and a2a_backend == "none" and attn_dp <= 1:
-            raise TwinStartupError(
-                "two-batch overlap needs an all-to-all MoE backend or attention data parallelism",
-                log="ValueError: Two-batch overlap requires --moe-a2a-backend to be set (not 'none') "
-                "or data-parallel attention to be enabled.",
-                classify="argument-validation",
-            )
+        ep = int(args.get("ep_size") or 1)
+        a2a_backend = _check_topology(args, gpus, tp, pp, ep)
         warnings: list[str] = []
-        overlap = not args.get("disable_overlap_schedule")
-        if pp > 1 and overlap:  # SGLang's post-process hook (arg_groups/overrides.py) turns it off
-            overlap = False
-            warnings.append("Pipeline parallelism is incompatible with overlap schedule.")
-        graph_backend = str(args.get("cuda_graph_backend_decode") or "full")
-        cuda_graph = not (
-            args.get("disable_cuda_graph") or args.get("disable_decode_cuda_graph") or graph_backend == "disabled"
-        )
-        big = 90 <= hw.memory_gib <= 160
-        max_running = args.get("max_running_requests")
-        graph_bs = args.get("cuda_graph_max_bs_decode") or (512 if tp >= 4 and big else 256)
-        par = Parallel(
-            tp=tp,
-            pp=pp,
-            ep=ep,
-            kv_dtype=str(args.get("kv_cache_dtype") or "auto"),
-            cuda_graph_max_bs=int(graph_bs),
-            cuda_graph=cuda_graph,
-            overlap_schedule=overlap,
-            mscclpp=bool(args.get("enable_mscclpp")),
-            single_batch_overlap=bool(args.get("enable_single_batch_overlap")) and (ep > 1 or a2a_backend != "none"),
-        )
+        par = _parallel(args, hw, tp, pp, ep, a2a_backend, warnings)
         cost = CostModel(model, hw, par)
         mem_frac = float(args.get("mem_fraction_static") or hw.auto_mem_fraction_static)
         weights_gib = cost.weight_bytes_per_gpu() / GIB
         pool_gib = hw.memory_gib * mem_frac - weights_gib  # on the stage with the most weights
-        kv_tokens = cost.kv_capacity_tokens(hw.memory_gib * mem_frac * GIB)
-        if args.get("max_total_tokens"):
-            kv_tokens = min(kv_tokens, int(args["max_total_tokens"]))
-        for fault in hw.faults:
-            if fault.phase == "startup" and "max_kv_tokens" in fault.when and kv_tokens <= fault.when["max_kv_tokens"]:
-                raise TwinStartupError(
-                    f"out of memory at startup: weights take {weights_gib:.1f} GiB per GPU of the "
-                    f"{hw.memory_gib * mem_frac:.1f} GiB that --mem-fraction-static {mem_frac} allows",
-                    log=fault.log,
-                    classify=fault.classify,
-                )
-        if max_running is None:
-            auto = min(max(kv_tokens / model.context_length * 512, 2048), 4096)
-            max_running = int(min(auto, kv_tokens // 2))
-        max_running = int(max_running)
-        # SGLang's default pp_max_micro_batch_size: max running requests split over the pipeline stages
-        micro = int(args.get("pp_max_micro_batch_size") or max(max_running // pp, 1))
-        max_running = min(max_running, micro * pp)  # each micro-batch admits up to `micro` (SGLang's pp_budget)
+        kv_tokens = _kv_tokens(args, hw, cost, mem_frac, weights_gib)
+        max_running, micro = _max_running(args, model, kv_tokens, pp)
         par = replace(par, cuda_graph_max_bs=min(par.cuda_graph_max_bs, max_running), pp_micro_batch=micro)
         cost = CostModel(model, hw, par)
-        chunk = args.get("chunked_prefill_size")
-        if chunk is None:
-            chunk = 2048 if hw.memory_gib < 35 else 4096 if hw.memory_gib < 90 else 8192 if big else 16384
-        page = int(args.get("page_size") or model.default_page_size)
-        if int(chunk) > 0 and int(chunk) % page:  # SGLang's check_server_args, on the resolved values
-            message = "chunked_prefill_size must be divisible by page_size"
-            raise TwinStartupError(
-                f"SGLang refuses chunked_prefill_size {int(chunk)} with page_size {page}: {message}",
-                log=f"AssertionError: {message}",
-                classify="argument-validation",
-            )
-        if kv_tokens < page:
-            raise TwinStartupError(
-                f"the twin cannot simulate --page-size {page}: the KV pool ({kv_tokens} tokens) holds not one page",
-                log=f"pivot twin: cannot simulate a KV pool of {kv_tokens} tokens with page_size {page}",
-                classify=NOT_SIMULABLE,
-            )
+        chunk, page = _chunk_and_page(args, model, hw, kv_tokens)
         limits = SchedulerLimits(
             max_running_requests=max_running,
             kv_capacity_tokens=kv_tokens,
-            chunked_prefill_size=int(chunk),
+            chunked_prefill_size=chunk,
             max_prefill_tokens=int(args.get("max_prefill_tokens") or 16384),
             schedule_conservativeness=float(args.get("schedule_conservativeness") or 1.0),
             page_size=page,
@@ -301,12 +226,12 @@ class Twin:
             "mem_fraction_static": mem_frac,
             "max_total_num_tokens": kv_tokens,
             "max_running_requests": max_running,
-            "chunked_prefill_size": int(chunk),
+            "chunked_prefill_size": chunk,
             "max_prefill_tokens": limits.max_prefill_tokens,
             "cuda_graph_max_bs_decode": par.cuda_graph_max_bs,
-            "cuda_graph_decode": cuda_graph,
+            "cuda_graph_decode": par.cuda_graph,
             "page_size": limits.page_size,
-            "disable_overlap_schedule": not overlap,
+            "disable_overlap_schedule": not par.overlap_schedule,
             "kv_cache_dtype": model.default_kv_dtype if par.kv_dtype == "auto" else par.kv_dtype,
             "weights_gib_per_gpu": round(weights_gib, 2),
             "kv_pool_gib_per_gpu": round(max(pool_gib, 0), 2),
@@ -447,3 +372,112 @@ class Twin:
             "max_total_num_tokens": self.limits.kv_capacity_tokens,
             "launch_flags": self.config.argv(),
         }
+
+
+def _check_topology(args: dict[str, Any], gpus: int, tp: int, pp: int, ep: int) -> str:
+    """SGLang's refusals of a parallel layout (too few GPUs, ep not dividing tp, two-batch overlap without
+    an all-to-all backend); the MoE all-to-all backend it resolves to."""
+    dp = int(args.get("dp_size") or 1)
+    attn_dp = int(args.get("attn_dp_size") or 1)
+    if args.get("enable_dp_attention"):
+        attn_dp = max(attn_dp, tp)
+    if tp * pp * dp > gpus:
+        raise TwinStartupError(
+            f"tp_size * pp_size * dp_size = {tp * pp * dp} needs more GPUs than the {gpus} available",
+            log=f"RuntimeError: CUDA error: invalid device ordinal (world size {tp * pp * dp} > {gpus} GPUs)",
+            classify="cuda-error",
+        )
+    if ep > 1 and tp % ep:
+        raise TwinStartupError(
+            f"tp_size {tp} is not a multiple of ep_size {ep}",
+            log=f"ValueError: tp_size ({tp}) must be divisible by ep_size ({ep})",
+            classify="argument-validation",
+        )
+    a2a_backend = args.get("moe_a2a_backend") or "none"
+    if args.get("enable_two_batch_overlap") and a2a_backend == "none" and attn_dp <= 1:
+        raise TwinStartupError(
+            "two-batch overlap needs an all-to-all MoE backend or attention data parallelism",
+            log="ValueError: Two-batch overlap requires --moe-a2a-backend to be set (not 'none') "
+            "or data-parallel attention to be enabled.",
+            classify="argument-validation",
+        )
+    return a2a_backend
+
+
+def _parallel(
+    args: dict[str, Any], hw: HardwareProfile, tp: int, pp: int, ep: int, a2a_backend: str, warnings: list[str]
+) -> Parallel:
+    """The cost model's parallel layout and execution switches, before the running-request cap is known."""
+    overlap = not args.get("disable_overlap_schedule")
+    if pp > 1 and overlap:  # SGLang's post-process hook (arg_groups/overrides.py) turns it off
+        overlap = False
+        warnings.append("Pipeline parallelism is incompatible with overlap schedule.")
+    graph_backend = str(args.get("cuda_graph_backend_decode") or "full")
+    cuda_graph = not (
+        args.get("disable_cuda_graph") or args.get("disable_decode_cuda_graph") or graph_backend == "disabled"
+    )
+    big = 90 <= hw.memory_gib <= 160
+    graph_bs = args.get("cuda_graph_max_bs_decode") or (512 if tp >= 4 and big else 256)
+    return Parallel(
+        tp=tp,
+        pp=pp,
+        ep=ep,
+        kv_dtype=str(args.get("kv_cache_dtype") or "auto"),
+        cuda_graph_max_bs=int(graph_bs),
+        cuda_graph=cuda_graph,
+        overlap_schedule=overlap,
+        mscclpp=bool(args.get("enable_mscclpp")),
+        single_batch_overlap=bool(args.get("enable_single_batch_overlap")) and (ep > 1 or a2a_backend != "none"),
+    )
+
+
+def _kv_tokens(args: dict[str, Any], hw: HardwareProfile, cost: CostModel, mem_frac: float, weights_gib: float) -> int:
+    """The KV pool in tokens (capped by --max-total-tokens); a pool under a startup fault's bound is out of memory."""
+    kv_tokens = cost.kv_capacity_tokens(hw.memory_gib * mem_frac * GIB)
+    if args.get("max_total_tokens"):
+        kv_tokens = min(kv_tokens, int(args["max_total_tokens"]))
+    for fault in hw.faults:
+        if fault.phase == "startup" and "max_kv_tokens" in fault.when and kv_tokens <= fault.when["max_kv_tokens"]:
+            raise TwinStartupError(
+                f"out of memory at startup: weights take {weights_gib:.1f} GiB per GPU of the "
+                f"{hw.memory_gib * mem_frac:.1f} GiB that --mem-fraction-static {mem_frac} allows",
+                log=fault.log,
+                classify=fault.classify,
+            )
+    return kv_tokens
+
+
+def _max_running(args: dict[str, Any], model: ModelProfile, kv_tokens: int, pp: int) -> tuple[int, int]:
+    """The running-request cap and the pipeline micro-batch size, as SGLang resolves them."""
+    max_running = args.get("max_running_requests")
+    if max_running is None:
+        auto = min(max(kv_tokens / model.context_length * 512, 2048), 4096)
+        max_running = int(min(auto, kv_tokens // 2))
+    max_running = int(max_running)
+    # SGLang's default pp_max_micro_batch_size: max running requests split over the pipeline stages
+    micro = int(args.get("pp_max_micro_batch_size") or max(max_running // pp, 1))
+    max_running = min(max_running, micro * pp)  # each micro-batch admits up to `micro` (SGLang's pp_budget)
+    return max_running, micro
+
+
+def _chunk_and_page(args: dict[str, Any], model: ModelProfile, hw: HardwareProfile, kv_tokens: int) -> tuple[int, int]:
+    """The chunked-prefill size and page size, refused as SGLang (or the twin) refuses them."""
+    chunk = args.get("chunked_prefill_size")
+    if chunk is None:
+        big = 90 <= hw.memory_gib <= 160
+        chunk = 2048 if hw.memory_gib < 35 else 4096 if hw.memory_gib < 90 else 8192 if big else 16384
+    page = int(args.get("page_size") or model.default_page_size)
+    if int(chunk) > 0 and int(chunk) % page:  # SGLang's check_server_args, on the resolved values
+        message = "chunked_prefill_size must be divisible by page_size"
+        raise TwinStartupError(
+            f"SGLang refuses chunked_prefill_size {int(chunk)} with page_size {page}: {message}",
+            log=f"AssertionError: {message}",
+            classify="argument-validation",
+        )
+    if kv_tokens < page:
+        raise TwinStartupError(
+            f"the twin cannot simulate --page-size {page}: the KV pool ({kv_tokens} tokens) holds not one page",
+            log=f"pivot twin: cannot simulate a KV pool of {kv_tokens} tokens with page_size {page}",
+            classify=NOT_SIMULABLE,
+        )
+    return int(chunk), page

@@ -1,0 +1,254 @@
+"""Benchmarks: the spec, per-level results, telemetry and profile summaries."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from agent.models.base import _Model, utcnow
+
+# --------------------------------------------------------------------------------------------------
+# Benchmarks: the workload, and results with bench_serving's key names.
+
+Endpoint = Literal["generate", "completions", "chat"]
+
+
+class BenchSpec(_Model):
+    """A benchmark workload and the concurrency levels to sweep, in `sglang.bench_serving`'s terms."""
+
+    endpoint: Endpoint = Field(
+        default="generate", description="SGLang's native /generate, /v1/completions or /v1/chat/completions."
+    )
+    dataset_name: Literal["random-ids", "random"] = Field(
+        default="random-ids", description="random-ids: random token ids (no download); random: random text."
+    )
+    random_input_len: int = Field(default=1024, ge=1)
+    random_output_len: int = Field(default=1024, ge=1)
+    random_range_ratio: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="Lengths ~ uniform[max(int(L*ratio), 1), L], as bench_serving."
+    )
+    concurrency: list[int] = Field(default_factory=lambda: [1, 64, 256], description="max_concurrency per level.")
+    num_prompts: int | None = Field(
+        default=None, ge=1, description="Prompts per level; None: prompts_per_concurrency x concurrency."
+    )
+    prompts_per_concurrency: float = Field(default=2.0, gt=0)
+    min_prompts: int = Field(default=8, ge=1, description="Floor on prompts per level when num_prompts is None.")
+    request_rate: float = Field(default=math.inf, gt=0, description="Requests/s (Poisson arrivals); inf: all at once.")
+    warmup_requests: int = Field(default=1, ge=0)
+    ignore_eos: bool = True
+    seed: int = 42
+    request_timeout_s: float = Field(default=600.0, gt=0)
+
+    @field_validator("concurrency")
+    @classmethod
+    def _check_levels(cls, levels: list[int]) -> list[int]:
+        if not levels:
+            raise ValueError("at least one concurrency level is needed")
+        if any(c < 1 for c in levels):
+            raise ValueError("concurrency levels must be positive integers")
+        if len(set(levels)) != len(levels):
+            raise ValueError("concurrency levels must not repeat")
+        return levels
+
+    def prompts_for(self, concurrency: int) -> int:
+        """How many measured prompts a level at this concurrency sends."""
+        if self.num_prompts is not None:
+            return self.num_prompts
+        return max(self.min_prompts, math.ceil(concurrency * self.prompts_per_concurrency))
+
+    def workload_key(self) -> str:
+        """A short fingerprint of what is measured, concurrency levels aside: equal keys compare fairly."""
+        fields = self.model_dump(exclude={"concurrency"})
+        text = ",".join(f"{k}={fields[k]!r}" for k in sorted(fields))
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+class BenchLevel(BaseModel):
+    """One concurrency level's result, with exactly the keys `sglang.bench_serving` writes, plus our own checks.
+
+    Unknown keys from other bench_serving versions are kept (extra="allow") so imported files round-trip.
+    """
+
+    model_config = ConfigDict(extra="allow", ser_json_inf_nan="constants")
+
+    tag: str | None = None
+    backend: str | None = None
+    dataset_name: str | None = None
+    request_rate: float = math.inf
+    max_concurrency: int | None = None
+    sharegpt_output_len: int | None = None
+    random_input_len: int | None = None
+    random_output_len: int | None = None
+    random_range_ratio: float | None = None
+    duration: float = Field(description="Seconds from the first measured dispatch to the last completion.")
+    completed: int
+    total_input_tokens: int
+    total_input_text_tokens: int | None = None
+    total_input_vision_tokens: int | None = None
+    total_output_tokens: int
+    total_output_tokens_retokenized: int | None = None
+    request_throughput: float
+    input_throughput: float
+    output_throughput: float
+    total_throughput: float
+    mean_e2e_latency_ms: float
+    median_e2e_latency_ms: float
+    std_e2e_latency_ms: float
+    p90_e2e_latency_ms: float
+    p95_e2e_latency_ms: float
+    p99_e2e_latency_ms: float
+    mean_ttft_ms: float
+    median_ttft_ms: float
+    std_ttft_ms: float
+    p90_ttft_ms: float
+    p95_ttft_ms: float
+    p99_ttft_ms: float
+    mean_tpot_ms: float
+    median_tpot_ms: float
+    std_tpot_ms: float
+    p90_tpot_ms: float
+    p95_tpot_ms: float
+    p99_tpot_ms: float
+    mean_itl_ms: float
+    median_itl_ms: float
+    std_itl_ms: float
+    p90_itl_ms: float
+    p95_itl_ms: float
+    p99_itl_ms: float
+    concurrency: float = Field(description="Little's law: sum of e2e latencies / duration.")
+    accept_length: float | None = None
+    max_output_tokens_per_s: float = Field(description="Peak output tok/s in any 1-second bucket.")
+    max_concurrent_requests: int | None = None
+    # Our own additions: failures with reasons, and whether the client kept its promise.
+    failed: int = 0
+    errors: dict[str, int] = Field(default_factory=dict, description="Failure reason -> count.")
+    mean_in_flight: float | None = None
+    max_in_flight: int | None = None
+    mean_dispatch_delay_ms: float | None = None
+    max_dispatch_delay_ms: float | None = None
+    client_cpu_s: float | None = None
+    warnings: list[str] = Field(default_factory=list)
+
+    @classmethod
+    def mean(cls, levels: Sequence[BenchLevel]) -> BenchLevel:
+        """The mean of runs of one level (reruns of an experiment): every float averaged, counts from the last run.
+        A run with failed requests is not averaged away: then the last run is returned as it is."""
+        if not levels:
+            raise ValueError("no level to average")
+        last = levels[-1]
+        if len(levels) == 1 or any(lv.failed > 0 for lv in levels):
+            return last
+        dumps = [lv.model_dump() for lv in levels]
+        data = dict(dumps[-1])
+        for key, value in dumps[-1].items():
+            if isinstance(value, float):
+                values = [d.get(key) for d in dumps]
+                if all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+                    data[key] = sum(values) / len(values)
+        return cls.model_validate(data)
+
+
+Source = Literal["measured", "simulated", "imported"]
+
+
+class BenchResult(_Model):
+    """A sweep: one BenchLevel per concurrency level, and where the numbers came from."""
+
+    spec: BenchSpec
+    levels: list[BenchLevel] = []
+    engine: str = Field(description="The engine that served the load, e.g. sglang, sim, sim-http.")
+    source: Source = Field(description="measured on real hardware, simulated by the twin, or imported from a file.")
+    started_at: datetime = Field(default_factory=utcnow)
+    finished_at: datetime | None = None
+    interrupted: bool = Field(default=False, description="True when the sweep was stopped before its last level.")
+    raw_path: str | None = Field(default=None, description="JSONL of the levels, with bench_serving's keys.")
+
+    def level(self, concurrency: int) -> BenchLevel | None:
+        """The level run at this max_concurrency, if any."""
+        return next((lv for lv in self.levels if lv.max_concurrency == concurrency), None)
+
+
+class GpuTelemetry(_Model):
+    """One GPU over one benchmark level: power, utilization, clocks, memory and energy."""
+
+    gpu: int = Field(ge=0)
+    name: str | None = None
+    samples: int = 0
+    power_w_mean: float | None = None
+    power_w_p95: float | None = None
+    power_w_max: float | None = None
+    power_limit_w: float | None = None
+    util_gpu_pct_mean: float | None = None
+    util_mem_pct_mean: float | None = None
+    sm_clock_mhz_mean: float | None = None
+    mem_clock_mhz_mean: float | None = None
+    mem_used_mib_max: float | None = None
+    temperature_c_max: float | None = None
+    energy_j: float | None = Field(default=None, description="From the GPU's total-energy counter.")
+
+    @property
+    def power_share_of_limit(self) -> float | None:
+        if self.power_w_mean is None or not self.power_limit_w:
+            return None
+        return self.power_w_mean / self.power_limit_w
+
+
+class Telemetry(_Model):
+    """GPU and server readings over one benchmark level (or a point in time when max_concurrency is None)."""
+
+    source: Literal["measured", "simulated", "unavailable"]
+    max_concurrency: int | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    gpus: list[GpuTelemetry] = []
+    server_metrics: dict[str, float] = Field(default_factory=dict, description="From the server's /metrics.")
+    error: str | None = Field(default=None, description="Why readings are missing, e.g. no NVML on this host.")
+    output_tokens: int | None = Field(default=None, description="Tokens generated during the level, if known.")
+    output_tokens_per_j: float | None = Field(
+        default=None, description="output_tokens per joule of all GPUs' energy counters over the level."
+    )
+
+    @property
+    def energy_j(self) -> float | None:
+        """Joules of all GPUs together over the level; None unless every GPU has its energy."""
+        if not self.gpus or any(g.energy_j is None for g in self.gpus):
+            return None
+        return sum(g.energy_j or 0.0 for g in self.gpus)
+
+
+class ProfileCategory(_Model):
+    """GPU time of one kind of kernel in a profile window."""
+
+    seconds: float = Field(ge=0, description="Kernel time per GPU (mean over the traced ranks), or the twin's.")
+    share: float = Field(ge=0, le=1, description="Of the window's total kernel time.")
+    kernels: int | None = Field(default=None, description="Kernel launches counted (traces only).")
+
+
+class ProfileKernel(_Model):
+    """One kernel name's total time in a trace, with the category its name fell into."""
+
+    name: str
+    category: str
+    seconds: float
+    count: int
+
+
+class ProfileSummary(_Model):
+    """Where GPU time went during a profile window: expert GEMMs, other GEMMs, attention, communication, other."""
+
+    source: Literal["measured", "simulated"]
+    categories: dict[str, ProfileCategory] = Field(default_factory=dict)
+    total_s: float = Field(default=0.0, description="Sum of the categories' seconds.")
+    window_s: float | None = Field(default=None, description="From the first kernel's start to the last one's end.")
+    busy_s: float | None = Field(default=None, description="Time at least one kernel ran (per GPU, mean).")
+    ranks: int = Field(default=1, description="GPUs traced (a device in a trace file; SGLang writes one per rank).")
+    trace_files: list[str] = Field(default_factory=list)
+    top_kernels: list[ProfileKernel] = Field(default_factory=list)
+    max_concurrency: int | None = Field(default=None, description="The load's concurrency while profiling.")
+    output_throughput: float | None = Field(default=None, description="The load's output tok/s, if one was run.")
+    notes: list[str] = Field(default_factory=list)

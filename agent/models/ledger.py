@@ -1,0 +1,235 @@
+"""What the ledger records: todos, experiments, documents, pivots, servers, sessions, events."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from agent.models.audit import FlagIssue
+from agent.models.base import _Model, utcnow
+from agent.models.bench import BenchSpec
+from agent.models.config import ServerConfig
+from agent.models.plans import Plan, Target, Verdict
+
+# --------------------------------------------------------------------------------------------------
+# The ledger's records.
+
+TodoStatus = Literal["pending", "in_progress", "completed", "cancelled"]
+TodoPriority = Literal["high", "medium", "low"]
+
+
+class Todo(_Model):
+    """One line of the agent's todo list."""
+
+    id: str = Field(default="", description="Stable id; the ledger assigns one when empty.")
+    content: str = Field(min_length=1)
+    status: TodoStatus = "pending"
+    priority: TodoPriority = "medium"
+    plan_item: str | None = Field(default=None, description="The plan item this todo works on, if any.")
+
+
+ExperimentKind = Literal["baseline", "change", "rerun", "prior", "imported"]
+ExperimentStatus = Literal["planned", "running", "finished", "failed", "interrupted"]
+
+
+class Experiment(_Model):
+    """One clean experiment: a config on a workload, why it was tried, and what it showed."""
+
+    id: int | None = None
+    session_id: str | None = None
+    plan_item: str | None = Field(default=None, description="The plan item tested; None for a baseline.")
+    plan_items: list[str] = Field(
+        default_factory=list,
+        description="Every plan item this experiment combines, in order (a combined step names them all); "
+        "`plan_item` is the first. Empty for a baseline of the plan's workload.",
+    )
+    kind: ExperimentKind = "change"
+    title: str = ""
+    hypothesis: str = ""
+    config: ServerConfig
+    base_experiment_id: int | None = Field(default=None, description="The experiment whose config this changes.")
+    workload: BenchSpec
+    status: ExperimentStatus = "planned"
+    verdict: Verdict | None = None
+    reason: str | None = Field(default=None, description="Why the verdict, with the measured numbers.")
+    audit: list[FlagIssue] = Field(default_factory=list, description="The flag audit of `config` before launch.")
+    not_modelled: list[str] = Field(
+        default_factory=list,
+        description="Flags of `config` the engine does not model (a simulated engine's), so their effect is not in "
+        "its numbers; empty on a real engine.",
+    )
+    failure: str | None = Field(default=None, description="Classified failure, e.g. oom, unrecognized-argument.")
+    failure_detail: str | None = Field(default=None, description="The log line or message that says why it failed.")
+    log_path: str | None = None
+    predicted_tok_s: float | None = Field(
+        default=None,
+        description="The twin's output tok/s for this config at the judged level, corrected to the campaign's own "
+        "measurements, recorded before launch: a prediction, not a measurement.",
+    )
+    predicted_change_pct: float | None = Field(
+        default=None, description="The predicted change against the base experiment's measured mean, in %."
+    )
+    prediction: str | None = Field(default=None, description="Where the prediction comes from, in words.")
+    created_at: datetime = Field(default_factory=utcnow)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @model_validator(mode="after")
+    def _items_agree(self) -> Experiment:
+        if self.plan_item is not None and not self.plan_items:
+            self.plan_items = [self.plan_item]
+        elif self.plan_items and self.plan_item is None:
+            self.plan_item = self.plan_items[0]
+        return self
+
+    @property
+    def combined(self) -> bool:
+        """True when the experiment tests several plan items together as one step."""
+        return len(self.plan_items) > 1
+
+
+class Document(_Model):
+    """A generated document: an improvement doc for a plan item or a numbered status summary."""
+
+    id: int | None = None
+    session_id: str
+    kind: Literal["improvement", "status"]
+    plan_item: str | None = None
+    number: int | None = Field(default=None, description="The status summary's sequence number.")
+    title: str
+    path: str = Field(description="Where the file is, relative to PIVOT_HOME.")
+    status: str = ""
+    sha256: str = Field(description="Of the content pivot wrote, to notice edits made by hand.")
+    experiment_ids: list[int] = Field(default_factory=list, description="Experiments its numbers come from.")
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+
+
+class Pivot(_Model):
+    """A pivot point: the agent stops, asks the user a question with options, and waits for the answer."""
+
+    id: int | None = None
+    session_id: str | None = None
+    question: str = Field(min_length=1)
+    options: list[str] = Field(default_factory=list)
+    answer: str | None = None
+    tool_call_id: str | None = Field(default=None, description="The deferred ask_user call the answer resumes.")
+    summary_path: str | None = None
+    asked_at: datetime = Field(default_factory=utcnow)
+    answered_at: datetime | None = None
+
+    @property
+    def open(self) -> bool:
+        return self.answer is None
+
+
+ServerStatus = Literal["starting", "ready", "stopped", "crashed"]
+
+
+class ServerProcess(_Model):
+    """A server process pivot started, recorded so that no process outlives pivot unnoticed."""
+
+    id: int | None = None
+    session_id: str
+    experiment_id: int | None = None
+    engine: str
+    pid: int
+    pgid: int
+    proc_start: str | None = Field(
+        default=None, description="The kernel's start time of `pid`, so a reused pid is never taken for the server."
+    )
+    host: str
+    base_url: str
+    argv: list[str]
+    log_path: str | None = None
+    status: ServerStatus = "starting"
+    failure: str | None = None
+    started_at: datetime = Field(default_factory=utcnow)
+    stopped_at: datetime | None = None
+
+
+class PlanChange(_Model):
+    """A session's plan replaced by an edited one (`pivot resume --plan`): what changed, from which file, when."""
+
+    id: int | None = None
+    session_id: str
+    source: str | None = Field(default=None, description="The file the new plan was read from.")
+    changes: list[str] = Field(description="What differs, one line each: base flags, items added, removed, changed.")
+    at: datetime = Field(default_factory=utcnow)
+
+
+SessionStatus = Literal["active", "waiting", "finished", "failed", "stopped"]
+
+
+class SessionSettings(_Model):
+    """How the agent works in one session: the method's thresholds and the engine's options, kept with the
+    session so that a resume judges and launches exactly as the run before it did."""
+
+    min_gain_pct: float = Field(
+        default=3.0,
+        ge=0,
+        description="A change is adopted only when its gain at the judged level beats this and the measured noise.",
+    )
+    reruns: int = Field(default=1, ge=0, description="Reruns of a change whose gain is inside the noise band.")
+    stall_after: int = Field(
+        default=3, ge=1, description="Stop at a pivot after this many measured changes in a row without gain."
+    )
+    seed: int = Field(default=0, description="Seeds the simulated engines' noise: experiment N draws seed + N.")
+    engine_options: dict[str, Any] = Field(
+        default_factory=dict, description="Options the engine is built with (no secrets: they are stored)."
+    )
+    request_limit: int = Field(default=400, ge=1, description="Model requests per run before pivot stops it.")
+    search: bool = Field(
+        default=True,
+        description="The twin-guided search (tools/search.py: predicted candidates, combined steps, retests, no "
+        "launch for no-op flags) and adoptions confirmed by a second run. False: the plain greedy path (plan order, "
+        "one item at a time, an adoption on one run), kept to compare against.",
+    )
+
+
+class Session(_Model):
+    """A session as the ledger keeps it: one plan worked on by one agent, resumable at any time.
+
+    (The live object handed to tools is `agent.session.Session`, which holds one of these.)
+    """
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    name: str
+    plan: Plan
+    engine: str
+    model: str = Field(default="autopilot", description="The model string driving the agent; never a key.")
+    model_base_url: str | None = Field(default=None, description="An OpenAI-compatible server for the model.")
+    settings: SessionSettings = Field(default_factory=SessionSettings)
+    status: SessionStatus = "active"
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+
+    @property
+    def target(self) -> Target:
+        return self.plan.target
+
+
+class SessionSummary(_Model):
+    """One line of `pivot sessions`: a session and how far it got."""
+
+    id: str
+    name: str
+    plan: str
+    target: str
+    engine: str
+    status: SessionStatus
+    experiments: int
+    open_pivot: str | None = Field(default=None, description="The question waiting for an answer, if any.")
+    locked_by_pid: int | None = None
+    updated_at: datetime
+
+
+class Event(_Model):
+    """Something that happened, for a progress display: a tool call, a level finished, a warning."""
+
+    kind: Literal["info", "progress", "warning", "tool_call", "tool_result", "message", "error"]
+    message: str
+    data: dict[str, Any] = Field(default_factory=dict)
+    at: datetime = Field(default_factory=utcnow)

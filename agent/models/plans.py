@@ -1,0 +1,140 @@
+"""Optimization plans: target, items, verdicts, prior results."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from agent.errors import PivotError
+from agent.models.base import _Model
+from agent.models.bench import BenchSpec
+from agent.models.config import Flag, ServerConfig
+
+# --------------------------------------------------------------------------------------------------
+# Plans.
+
+# flag: a flag flip; config: a configuration change; workload: a different benchmark workload;
+# profile: a measurement (a profile of the best config) rather than a change; code: a change for the user to make.
+ItemKind = Literal["flag", "config", "workload", "profile", "code"]
+# measured: a measurement that changes nothing (a profile of the best configuration), neither kept nor set aside.
+# not_measured: the engine does not model the flags the change touches (a simulated engine), so nothing it
+# reports says what the change does: it has to be measured on GPUs.
+# predicted: not launched because the twin, corrected to the campaign's own measurements, predicts the change inside
+# the noise band (or a loss): a prediction, not a measurement; the search may try the item later on a new best.
+Verdict = Literal[
+    "baseline",
+    "adopted",
+    "no_gain",
+    "regressed",
+    "crashed",
+    "ruled_out",
+    "inconclusive",
+    "measured",
+    "not_measured",
+    "predicted",
+]
+
+
+class Target(_Model):
+    """What is being optimized: a model on some GPUs under one serving engine, with its base flags."""
+
+    model: str = Field(description="The model path or hub id the engine serves (`--model-path`).")
+    model_profile: str | None = Field(default=None, description="Name of a model profile, e.g. glm-5-nvfp4.")
+    hardware: str = Field(description="Name of a hardware profile, e.g. rtx-pro-6000-blackwell.")
+    gpus: int = Field(ge=1)
+    engine: str = "sglang"
+    engine_version: str | None = None
+    flags: ServerConfig = Field(default_factory=ServerConfig, description="Base flags every experiment starts from.")
+
+    def base_config(self) -> ServerConfig:
+        """The base flags with `--model-path` first unless the flags already name the model."""
+        if any(n in self.flags for n in ("--model-path", "--model")):
+            return self.flags
+        return ServerConfig(flags=(Flag(name="--model-path", value=self.model), *self.flags.flags), env=self.flags.env)
+
+
+class PlanItem(_Model):
+    """One optimization idea: what to change, why, what it should do, and what could go wrong."""
+
+    id: str = Field(pattern=r"^\d{2,3}$", description='"01".."NN": also the number of its improvement document.')
+    tier: int = Field(ge=1)
+    title: str = Field(min_length=1)
+    kind: ItemKind
+    flags: ServerConfig | None = Field(default=None, description="Flags set on top of the best config so far.")
+    remove_flags: list[str] = Field(default_factory=list, description="Flags removed from the best config.")
+    workload: dict[str, Any] | None = Field(default=None, description="Overrides of the plan's workload.")
+    change: str | None = Field(default=None, description="For code items: the change for the user to make.")
+    hypothesis: str = Field(min_length=1)
+    expected_impact: str = Field(min_length=1)
+    risks: str = ""
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> PlanItem:
+        if self.kind in ("flag", "config") and self.flags is None and not self.remove_flags:
+            raise ValueError(f"a {self.kind} item needs `flags` or `remove_flags`")
+        if self.kind == "workload" and not self.workload:
+            raise ValueError("a workload item needs a `workload` table of overrides")
+        if self.kind == "code" and not self.change:
+            raise ValueError("a code item needs `change`: what the user should change")
+        if self.workload:
+            BenchSpec.model_validate({**BenchSpec().model_dump(), **self.workload})
+        return self
+
+    def apply(self, config: ServerConfig) -> ServerConfig:
+        """The config this item proposes, on top of `config`."""
+        out = config.without(*self.remove_flags)
+        return out.with_flags(self.flags) if self.flags is not None else out
+
+    def workload_for(self, spec: BenchSpec) -> BenchSpec:
+        """The workload this item is measured on: the plan's, with this item's overrides."""
+        if not self.workload:
+            return spec
+        return BenchSpec.model_validate({**spec.model_dump(), **self.workload})
+
+
+class PriorResult(_Model):
+    """A finding from before the plan (for example the seeds' TP4+PP2 run), kept so it is not tried again."""
+
+    title: str
+    change: str = ""
+    flags: ServerConfig | None = None
+    finding: str
+    verdict: Verdict
+
+
+class Plan(_Model):
+    """A tiered optimization plan: the target, the workload every comparison uses, and the ideas to try."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    title: str
+    description: str = ""
+    target: Target
+    workload: BenchSpec = Field(default_factory=BenchSpec)
+    tiers: dict[int, str] = Field(default_factory=dict, description="Tier number -> what kind of changes it holds.")
+    items: list[PlanItem] = Field(min_length=1)
+    prior: list[PriorResult] = []
+    source: str | None = Field(default=None, description="The file the plan was read from.")
+
+    @field_validator("items")
+    @classmethod
+    def _unique_ids(cls, items: list[PlanItem]) -> list[PlanItem]:
+        seen: set[str] = set()
+        for item in items:
+            if item.id in seen:
+                raise ValueError(f"item id {item.id!r} is used twice")
+            seen.add(item.id)
+        return items
+
+    def item(self, item_id: str) -> PlanItem:
+        """The item with this id; a PivotError naming the known ids if there is none."""
+        for it in self.items:
+            if it.id == item_id:
+                return it
+        raise PivotError(f"plan {self.name!r} has no item {item_id!r}", hint=f"items: {', '.join(self.item_ids())}")
+
+    def item_ids(self) -> list[str]:
+        return [it.id for it in self.items]
+
+    def tier_items(self, tier: int) -> list[PlanItem]:
+        return [it for it in self.items if it.tier == tier]
