@@ -50,7 +50,11 @@ def test_tools_never_import_the_loop_cli_or_tui():
     bad = []
     for path in (ROOT / "tools").rglob("*.py"):
         for name in _imports(path):
-            if name in ("agent.loop", "agent.cli") or name.startswith("agent.tui") or name.split(".")[0] == "textual":
+            if (
+                name in ("agent.loop", "agent.cli")
+                or name.startswith(("agent.cli.", "agent.tui"))
+                or name.split(".")[0] == "textual"
+            ):
                 bad.append(f"{path.relative_to(ROOT)}: {name}")
     assert not bad, bad
 
@@ -70,7 +74,7 @@ def test_only_the_store_writes_sql():
 # and tools/ is split in later sessions: add a path here once it is within the limits (["agent", "tools"] when all are).
 MAX_MODULE_LINES = 700
 MAX_FUNCTION_LINES = 100
-SIZED_PATHS = ["tools/analysis"]
+SIZED_PATHS = ["tools/analysis", "agent/cli"]
 
 
 def size_offenders(paths: list[str], root: Path = ROOT) -> list[str]:
