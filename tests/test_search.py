@@ -391,7 +391,7 @@ def test_an_item_the_twin_says_would_not_start_is_not_launched(store, paths, mon
 
 
 def test_no_search_on_the_command_line_is_the_greedy_setting() -> None:
-    from agent.cli_agent import _settings
+    from agent.defaults import session_settings as _settings
 
     method = {"min_gain": 3.0, "reruns": 1, "stall_after": 3, "seed": 0, "request_limit": 400}
     target = make_plan(["01"]).target

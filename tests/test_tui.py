@@ -202,6 +202,41 @@ def test_new_sessions_get_the_settings_of_pivot_run_and_pivot_demo(store: Store,
     assert store.session_lock(session.id) is None
 
 
+def test_the_cli_options_and_the_tui_read_one_source_of_defaults(plan_file: Path):
+    """`pivot run` and `pivot demo` parsed from a bare command line give the settings the TUI gives, and every
+    method option's default is SessionSettings' own; the TUI learns them without importing the CLI."""
+
+    from agent import defaults
+    from agent.cli.run import demo, run_cmd
+    from agent.plans import load_plan
+    from agent.tui.controller import run_settings
+
+    plan = load_plan(plan_file)
+    run = run_cmd.make_context("run", [str(plan_file)]).params
+    assert run["engine"] == defaults.ENGINE
+    for option, field in defaults.METHOD_SETTINGS.items():
+        assert run[option] == m.SessionSettings.model_fields[field].default, option
+    assert defaults.session_settings(plan.target, run["engine"], {}, run["noise"], run) == run_settings(plan)
+    method = demo.make_context("demo", []).params
+    from_cli = defaults.session_settings(plan.target, defaults.ENGINE, {}, defaults.DEMO_NOISE, method)
+    assert from_cli == run_settings(plan, demo=True)
+    tui = Path(__file__).resolve().parent.parent / "agent" / "tui"
+    assert not [f"{path.name}: {name}" for path in tui.rglob("*.py") for name in _cli_imports(path)]
+
+
+def _cli_imports(path: Path) -> list[str]:
+    """The CLI modules a source file imports (`agent.cli...`, `from agent import cli...`)."""
+    import ast
+
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names += [f"{node.module}.{a.name}" for a in node.names] if node.module == "agent" else [node.module]
+    return [n for n in names if n.startswith(("agent.cli.", "agent.cli_")) or n == "agent.cli"]
+
+
 # ---------------------------------------------------------------------------------------------- chat
 
 

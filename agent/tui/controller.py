@@ -55,16 +55,11 @@ def picker_rows(store: Store) -> PickerRows:
 
 
 def run_settings(plan: m.Plan, *, demo: bool = False) -> m.SessionSettings:
-    """The settings `pivot run PLAN` (sim engine) or `pivot demo` gives a new session: the same function with the
-    commands' own option defaults, so the TUI never drifts from them."""
-    from agent import cli_agent
+    """The settings `pivot run PLAN` (sim engine) or `pivot demo` gives a new session: both read their defaults from
+    `agent.defaults` (the method's from `SessionSettings`), so the TUI never drifts from them."""
+    from agent import defaults
 
-    if demo:
-        method = cli_agent.demo.make_context("demo", []).params  # parsed as from an empty command line
-    else:
-        method = cli_agent.run_cmd.make_context("run", [plan.name]).params
-    noise = cli_agent.DEMO_NOISE if demo else method.get("noise")
-    return cli_agent._settings(plan.target, "sim", {}, noise, method)
+    return defaults.session_settings(plan.target, defaults.ENGINE, {}, defaults.DEMO_NOISE if demo else None, {})
 
 
 class ChatController:
@@ -124,19 +119,19 @@ class ChatController:
 
     def create(self, plan_ref: str, *, demo: bool = False, model: str | None = None) -> Session:
         """Start a session on a plan with `pivot run PLAN`'s defaults on the sim engine (`demo`: `pivot demo`'s)."""
-        from agent import cli_agent
+        from agent import defaults
         from agent.plans import load_plan
 
         self._require_none()
-        plan = load_plan(cli_agent.DEMO_PLAN if demo else plan_ref)
+        plan = load_plan(defaults.DEMO_PLAN if demo else plan_ref)
         settings = run_settings(plan, demo=demo)
-        model_name = cli_agent._default_model(model)
+        model_name = defaults.default_model(model)
         self.session = Session.create(
             self.store,
             self.paths,
             plan,
             name="demo" if demo else plan.name,
-            engine_name="sim",
+            engine_name=defaults.ENGINE,
             model=model_name,
             settings=settings,
             engine=self._engine(),

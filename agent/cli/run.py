@@ -6,7 +6,6 @@ final message) goes to stdout, or as JSON with --json. Nothing needs a terminal.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -14,16 +13,14 @@ from typing import Any
 import click
 
 from agent import models as m
-from agent.cli_engines import ENGINE, _engine_options
+from agent.cli.engines import ENGINE, _engine_options
 from agent.console import err, out, print_json, warn
+from agent.defaults import DEMO_NOISE, DEMO_PLAN, default_model, session_settings, setting
+from agent.defaults import ENGINE as DEFAULT_ENGINE
 from agent.errors import PivotError
 from agent.plans import load_plan
 from agent.session import Session
 from agent.text import printable
-
-DEMO_PLAN = "glm5-nvfp4-rtxpro6000x8"
-DEMO_NOISE = 0.015
-SIMULATED = ("sim", "sim-http")
 
 
 class Progress:
@@ -47,42 +44,6 @@ class Progress:
         )
 
 
-def _default_model(model: str | None) -> str:
-    return model or os.environ.get("PIVOT_MODEL") or "autopilot"
-
-
-def _settings(
-    target: m.Target, engine: str, options: dict[str, Any], noise: float | None, method: dict[str, Any]
-) -> m.SessionSettings:
-    """The session's settings from the command line: the method's thresholds and the engine's options (the
-    simulated engines get the plan's model profile, hardware and GPU count unless told otherwise)."""
-    opts = dict(options)
-    if engine in SIMULATED:
-        if target.model_profile:
-            opts.setdefault("model_profile", target.model_profile)
-        opts.setdefault("hardware", target.hardware)
-        opts.setdefault("gpus", target.gpus)
-        if noise is not None:
-            opts.setdefault("noise", noise)
-    elif noise is not None:
-        raise PivotError("--noise applies to the simulated engines (sim, sim-http) only")
-    if engine == "sim-http":
-        opts.setdefault("time_scale", 20.0)
-        opts.setdefault("startup_s", 0.5)
-    for key in ("api_key", "token", "password", "secret"):
-        if any(key in k.lower() for k in opts):
-            raise PivotError("engine options are stored in the ledger: pass secrets through the environment")
-    return m.SessionSettings(
-        min_gain_pct=method["min_gain"],
-        reruns=method["reruns"],
-        stall_after=method["stall_after"],
-        seed=method["seed"],
-        request_limit=method["request_limit"],
-        search=method.get("search", True),
-        engine_options=opts,
-    )
-
-
 def _start(
     ctx: click.Context,
     plan_ref: str,
@@ -101,7 +62,7 @@ def _start(
         workload = plan.workload.model_copy(update={"concurrency": m.parse_levels(levels)})
         plan = plan.model_copy(update={"workload": workload})
     _preflight(engine, plan)
-    model_name = _default_model(method["model"])
+    model_name = default_model(method["model"])
     if model_name != loop.AUTOPILOT:  # a missing key fails here, before a session is recorded for nothing
         loop.provider_model(model_name, method["model_base_url"])
     session = Session.create(
@@ -230,25 +191,37 @@ def _method_options(f: Any) -> Any:
             click.option(
                 "--model-base-url", help="An OpenAI-compatible server for --model (its key: $PIVOT_MODEL_API_KEY)."
             ),
-            click.option("--seed", type=int, default=0, show_default=True, help="Seeds the simulated engines' noise."),
+            click.option(
+                "--seed",
+                type=int,
+                default=setting("seed"),
+                show_default=True,
+                help="Seeds the simulated engines' noise.",
+            ),
             click.option(
                 "--min-gain",
                 type=float,
-                default=3.0,
+                default=setting("min_gain_pct"),
                 show_default=True,
                 help="Percent a change must gain (and beat the measured noise) to be adopted.",
             ),
-            click.option("--reruns", type=int, default=1, show_default=True, help="Reruns of a gain inside the noise."),
+            click.option(
+                "--reruns",
+                type=int,
+                default=setting("reruns"),
+                show_default=True,
+                help="Reruns of a gain inside the noise.",
+            ),
             click.option(
                 "--stall-after",
                 type=int,
-                default=3,
+                default=setting("stall_after"),
                 show_default=True,
                 help="Pivot after this many changes in a row without gain.",
             ),
             click.option(
                 "--search/--no-search",
-                default=True,
+                default=setting("search"),
                 show_default=True,
                 help="The twin-guided search with confirmed adoptions (tools/search.py); --no-search: the plain "
                 "greedy path (plan order, one item at a time), to compare.",
@@ -256,7 +229,7 @@ def _method_options(f: Any) -> Any:
             click.option(
                 "--request-limit",
                 type=int,
-                default=400,
+                default=setting("request_limit"),
                 show_default=True,
                 help="Model requests per run before pivot stops it (resume goes on).",
             ),
@@ -278,14 +251,18 @@ def demo(ctx: click.Context, **method: Any) -> None:
     summary and a question; `pivot resume SESSION --answer 1` goes on.
     """
     plan = load_plan(DEMO_PLAN)
-    settings = _settings(plan.target, "sim", {}, DEMO_NOISE, method)
-    _start(ctx, DEMO_PLAN, engine="sim", name="demo", settings=settings, levels=None, method=method)
+    settings = session_settings(plan.target, DEFAULT_ENGINE, {}, DEMO_NOISE, method)
+    _start(ctx, DEMO_PLAN, engine=DEFAULT_ENGINE, name="demo", settings=settings, levels=None, method=method)
 
 
 @click.command("run")
 @click.argument("plan_ref", metavar="PLAN")
 @click.option(
-    "--engine", type=ENGINE, default="sim", show_default=True, help="An installed engine (`pivot tools` lists them)."
+    "--engine",
+    type=ENGINE,
+    default=DEFAULT_ENGINE,
+    show_default=True,
+    help="An installed engine (`pivot tools` lists them).",
 )
 @click.option(
     "-o",
@@ -312,7 +289,7 @@ def run_cmd(
 ) -> None:
     """Start a session on PLAN (a file or a shipped plan's name) and run the agent until its first pivot."""
     plan = load_plan(plan_ref)
-    settings = _settings(plan.target, engine, _engine_options(option_pairs, None, None), noise, method)
+    settings = session_settings(plan.target, engine, _engine_options(option_pairs, None, None), noise, method)
     _start(ctx, plan_ref, engine=engine, name=name, settings=settings, levels=levels, method=method)
 
 

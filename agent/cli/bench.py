@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -147,82 +148,101 @@ def _spec(**given: Any) -> BenchSpec:
         raise PivotError(f"bad benchmark settings: {problems}") from e
 
 
+# The options of `pivot bench`, in the order --help lists them (BenchSpec's defaults apply to those not given).
+BENCH_OPTIONS: list[Callable[[Any], Any]] = [
+    click.option("--base-url", required=True, help="The server, e.g. http://127.0.0.1:30000."),
+    click.option(
+        "--endpoint",
+        type=click.Choice(["generate", "completions", "chat"]),
+        default="generate",
+        show_default=True,
+        help="SGLang's native /generate, or the OpenAI /v1/completions or /v1/chat/completions.",
+    ),
+    click.option(
+        "--concurrency",
+        "--max-concurrency",
+        "concurrency",
+        metavar="LEVELS",
+        help="Concurrency levels to sweep, e.g. 1,64,256 (default 1,64,256).",
+    ),
+    click.option(
+        "--input-len", "--random-input-len", "input_len", type=click.IntRange(min=1), help="Input tokens (1024)."
+    ),
+    click.option(
+        "--output-len", "--random-output-len", "output_len", type=click.IntRange(min=1), help="Output tokens (1024)."
+    ),
+    click.option(
+        "--range-ratio",
+        "--random-range-ratio",
+        "range_ratio",
+        type=click.FloatRange(0.0, 1.0),
+        help="Lengths ~ uniform[max(int(L*R), 1), L], as bench_serving (0.0; 1.0 gives exactly L).",
+    ),
+    click.option(
+        "--num-prompts",
+        type=click.IntRange(min=1),
+        help="Prompts per level (default: 2 x concurrency, at least 8).",
+    ),
+    click.option(
+        "--request-rate",
+        type=click.FloatRange(min=0.0, min_open=True),
+        help="Requests per second, Poisson arrivals (default inf: all at once).",
+    ),
+    click.option(
+        "--dataset-name",
+        type=click.Choice(["random-ids", "random"]),
+        help="random-ids: token ids (text for chat); random: text. Default random-ids.",
+    ),
+    click.option("--warmup-requests", type=click.IntRange(min=0), help="Warmup requests per level, not counted (1)."),
+    click.option("--seed", type=int, help="Random seed (42, as bench_serving)."),
+    click.option("--disable-ignore-eos", is_flag=True, help="Let requests stop at EOS (as bench_serving's flag)."),
+    click.option(
+        "--request-timeout-s", type=click.FloatRange(min=0.0, min_open=True), help="Per-request timeout in s (600)."
+    ),
+    click.option("--model", help="Model name in OpenAI requests (default: the first of GET /v1/models, if any)."),
+    click.option(
+        "--vocab-size",
+        type=click.IntRange(min=2),
+        default=32000,
+        show_default=True,
+        help="Random token ids stay below this; the model's vocabulary size gives bench_serving's exact prompts.",
+    ),
+    click.option(
+        "--output-file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="Append one JSON line per level, with bench_serving's keys.",
+    ),
+    click.option("--json", "as_json", is_flag=True, help="Print only a JSON array of levels on stdout."),
+    click.option(
+        "--via",
+        type=click.Choice(["pivot", "sglang"]),
+        default="pivot",
+        show_default=True,
+        help="sglang: run SGLang's own benchmark module with the same settings and read its results.",
+    ),
+    click.option("--tokenizer", help="With --via sglang: the tokenizer bench_serving should load."),
+    click.option(
+        "--sglang-python",
+        default=sys.executable,
+        show_default="this interpreter",
+        help="With --via sglang: the Python that has SGLang installed.",
+    ),
+]
+
+
+def _with_options(options: list[Callable[[Any], Any]]) -> Callable[[Any], Any]:
+    """A decorator that applies `options` so that --help lists them in this order."""
+
+    def apply(f: Any) -> Any:
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return apply
+
+
 @click.command("bench")
-@click.option("--base-url", required=True, help="The server, e.g. http://127.0.0.1:30000.")
-@click.option(
-    "--endpoint",
-    type=click.Choice(["generate", "completions", "chat"]),
-    default="generate",
-    show_default=True,
-    help="SGLang's native /generate, or the OpenAI /v1/completions or /v1/chat/completions.",
-)
-@click.option(
-    "--concurrency",
-    "--max-concurrency",
-    "concurrency",
-    metavar="LEVELS",
-    help="Concurrency levels to sweep, e.g. 1,64,256 (default 1,64,256).",
-)
-@click.option("--input-len", "--random-input-len", "input_len", type=click.IntRange(min=1), help="Input tokens (1024).")
-@click.option(
-    "--output-len", "--random-output-len", "output_len", type=click.IntRange(min=1), help="Output tokens (1024)."
-)
-@click.option(
-    "--range-ratio",
-    "--random-range-ratio",
-    "range_ratio",
-    type=click.FloatRange(0.0, 1.0),
-    help="Lengths ~ uniform[max(int(L*R), 1), L], as bench_serving (0.0; 1.0 gives exactly L).",
-)
-@click.option(
-    "--num-prompts",
-    type=click.IntRange(min=1),
-    help="Prompts per level (default: 2 x concurrency, at least 8).",
-)
-@click.option(
-    "--request-rate",
-    type=click.FloatRange(min=0.0, min_open=True),
-    help="Requests per second, Poisson arrivals (default inf: all at once).",
-)
-@click.option(
-    "--dataset-name",
-    type=click.Choice(["random-ids", "random"]),
-    help="random-ids: token ids (text for chat); random: text. Default random-ids.",
-)
-@click.option("--warmup-requests", type=click.IntRange(min=0), help="Warmup requests per level, not counted (1).")
-@click.option("--seed", type=int, help="Random seed (42, as bench_serving).")
-@click.option("--disable-ignore-eos", is_flag=True, help="Let requests stop at EOS (as bench_serving's flag).")
-@click.option(
-    "--request-timeout-s", type=click.FloatRange(min=0.0, min_open=True), help="Per-request timeout in s (600)."
-)
-@click.option("--model", help="Model name in OpenAI requests (default: the first of GET /v1/models, if any).")
-@click.option(
-    "--vocab-size",
-    type=click.IntRange(min=2),
-    default=32000,
-    show_default=True,
-    help="Random token ids stay below this; the model's vocabulary size gives bench_serving's exact prompts.",
-)
-@click.option(
-    "--output-file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Append one JSON line per level, with bench_serving's keys.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print only a JSON array of levels on stdout.")
-@click.option(
-    "--via",
-    type=click.Choice(["pivot", "sglang"]),
-    default="pivot",
-    show_default=True,
-    help="sglang: run SGLang's own benchmark module with the same settings and read its results.",
-)
-@click.option("--tokenizer", help="With --via sglang: the tokenizer bench_serving should load.")
-@click.option(
-    "--sglang-python",
-    default=sys.executable,
-    show_default="this interpreter",
-    help="With --via sglang: the Python that has SGLang installed.",
-)
+@_with_options(BENCH_OPTIONS)
 def bench(
     base_url: str,
     endpoint: str,
@@ -264,6 +284,25 @@ def bench(
         ignore_eos=False if disable_ignore_eos else None,
         request_timeout_s=request_timeout_s,
     )
+    result = _sweep(base_url, spec, via=via, model=model, tokenizer=tokenizer, output_file=output_file,
+                    vocab_size=vocab_size, sglang_python=sglang_python)  # fmt: skip
+    _report(result, as_json=as_json)
+    if result.interrupted:
+        err.print(
+            f"interrupted: {len(result.levels)} of {len(spec.concurrency)} levels finished"
+            + (f"; they are in {output_file}" if output_file and result.levels else ""),
+        )
+        sys.exit(EXIT_INTERRUPTED)
+    if result.levels and all(lv.completed == 0 for lv in result.levels):
+        raise PivotError(
+            "no request succeeded at any level",
+            hint="see the errors above: the server may reject this workload, or be overloaded",
+        )
+
+
+def _sweep(base_url: str, spec: BenchSpec, *, via: str, model: str | None, tokenizer: str | None,
+           output_file: Path | None, vocab_size: int, sglang_python: str) -> BenchResult:  # fmt: skip
+    """The sweep, by pivot's own client or (--via sglang) by SGLang's benchmark module, with progress on stderr."""
     from tools import loadgen  # numpy and the client load only for this command
 
     with _ProgressView(err) as view:
@@ -282,19 +321,7 @@ def bench(
             result = loadgen.benchmark(
                 base_url, spec, model=model, on_progress=view, output_file=output_file, vocab_size=vocab_size
             )
-
-    _report(result, as_json=as_json)
-    if result.interrupted:
-        err.print(
-            f"interrupted: {len(result.levels)} of {len(spec.concurrency)} levels finished"
-            + (f"; they are in {output_file}" if output_file and result.levels else ""),
-        )
-        sys.exit(EXIT_INTERRUPTED)
-    if result.levels and all(lv.completed == 0 for lv in result.levels):
-        raise PivotError(
-            "no request succeeded at any level",
-            hint="see the errors above: the server may reject this workload, or be overloaded",
-        )
+    return result
 
 
 def _report(result: BenchResult, *, as_json: bool) -> None:

@@ -82,24 +82,14 @@ def microbench(ctx: click.Context, model_profile: str | None, hardware: str | No
     """
     from tools import gemm
     from tools import microbench as mb
-    from tools.profiles import load_hardware, load_model
+    from tools.profiles import load_model
 
     home = ctx.find_root().obj
     store = home.store
     session_id = store.get_session(session_ref).id if session_ref else None
 
     if from_json:
-        run, stored, errors = mb.import_run(
-            store if not no_record else _NullStore(), from_json, session_id=session_id, hardware=hardware
-        )
-        for e in errors:
-            warn(f"skipped: {e}")
-        _print(stored, as_json, run)
-        if not as_json:
-            what = "parsed (not recorded)" if no_record else f"recorded as {hardware or run.get('hardware')}"
-            out.print(
-                f"imported {len(stored)} rows from {from_json} ({run.get('device', {}).get('name', '?')}), {what}"
-            )
+        _import(store, from_json, session_id=session_id, hardware=hardware, no_record=no_record, as_json=as_json)
         return
 
     target = store.get_session(session_ref).plan.target if session_ref else None
@@ -113,23 +103,55 @@ def microbench(ctx: click.Context, model_profile: str | None, hardware: str | No
     dtypes = [d.strip() for d in dtype_text.split(",") if d.strip()]
     cases = mb.plan_cases(model, tps, rows, dtypes)
     if shapes_only:
-        table = make_table(
-            "shape", "tp", "dtype", "m", "n", "k", "groups", "experts hit", "GEMMs (m, n, k, groups)", "AI FLOP/B"
-        )
-        for c in cases:
-            table.add_row(c.name, str(c.tp), c.dtype, str(c.rows), str(c.n), str(c.k), str(c.groups),
-                          "" if c.experts_hit is None else f"{c.experts_hit:.1f}",
-                          " + ".join(f"{g.m}x{g.n}x{g.k}x{g.groups}" for g in c.gemms), f"{c.intensity:,.1f}")  # fmt: skip
-        if as_json:
-            print_json(
-                [
-                    {**c.__dict__, "gemms": [g.__dict__ for g in c.gemms], "flops": c.flops, "bytes": c.bytes}
-                    for c in cases
-                ]
-            )
-        else:
-            out.print(table)
+        _print_shapes(cases, as_json)
         return
+
+    run, results = _measure(model, hardware, target, cases, tps=tps, rows=rows, dtypes=dtypes, backends=backends,
+                            json_out=json_out, session_id=session_id)  # fmt: skip
+    stored = results if no_record else mb.record(store, results)
+    _print(stored, as_json, run)
+
+
+def _import(store: Any, from_json: str, *, session_id: str | None, hardware: str | None, no_record: bool,
+            as_json: bool) -> None:  # fmt: skip
+    """`--from-json FILE`: a results file measured elsewhere, recorded (unless --no-record) and printed."""
+    from tools import microbench as mb
+
+    run, stored, errors = mb.import_run(
+        store if not no_record else _NullStore(), from_json, session_id=session_id, hardware=hardware
+    )
+    for e in errors:
+        warn(f"skipped: {e}")
+    _print(stored, as_json, run)
+    if not as_json:
+        what = "parsed (not recorded)" if no_record else f"recorded as {hardware or run.get('hardware')}"
+        out.print(f"imported {len(stored)} rows from {from_json} ({run.get('device', {}).get('name', '?')}), {what}")
+
+
+def _print_shapes(cases: list[Any], as_json: bool) -> None:
+    """`--shapes`: the cases that would be measured."""
+    table = make_table(
+        "shape", "tp", "dtype", "m", "n", "k", "groups", "experts hit", "GEMMs (m, n, k, groups)", "AI FLOP/B"
+    )
+    for c in cases:
+        table.add_row(c.name, str(c.tp), c.dtype, str(c.rows), str(c.n), str(c.k), str(c.groups),
+                      "" if c.experts_hit is None else f"{c.experts_hit:.1f}",
+                      " + ".join(f"{g.m}x{g.n}x{g.k}x{g.groups}" for g in c.gemms), f"{c.intensity:,.1f}")  # fmt: skip
+    if as_json:
+        print_json(
+            [{**c.__dict__, "gemms": [g.__dict__ for g in c.gemms], "flops": c.flops, "bytes": c.bytes} for c in cases]
+        )
+    else:
+        out.print(table)
+
+
+def _measure(model: Any, hardware: str | None, target: m.Target | None, cases: list[Any], *, tps: list[int], rows: list[int],
+             dtypes: list[str], backends: tuple[str, ...], json_out: str | None,
+             session_id: str | None) -> tuple[dict[str, Any], list[m.MicrobenchResult]]:  # fmt: skip
+    """Measure the cases on this host's GPU: the raw run and its rows (not yet recorded)."""
+    from tools import gemm
+    from tools import microbench as mb
+    from tools.profiles import load_hardware
 
     why = mb.unavailable_reason()
     if why is not None:
@@ -155,8 +177,7 @@ def microbench(ctx: click.Context, model_profile: str | None, hardware: str | No
         warn(f"failed: {e}")
     for note in run.get("notes", []):
         warn(note)
-    stored = results if no_record else mb.record(store, results)
-    _print(stored, as_json, run)
+    return run, results
 
 
 class _NullStore:

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from agent import models as m
-from agent.cli_engines import ENGINE
+from agent.cli.engines import ENGINE
 from agent.console import dump, err, make_table, out, print_json, warn
 from agent.errors import PivotError
 from agent.session import Paths

@@ -18,7 +18,7 @@ import click
 from rich.status import Status
 
 from agent import models as m
-from agent.cli_bench import EXIT_INTERRUPTED, _ProgressView, _report, _spec
+from agent.cli.bench import EXIT_INTERRUPTED, _ProgressView, _report, _spec
 from agent.console import dump, err, make_table, out, print_json, warn
 from agent.errors import PivotError
 from agent.session import Deployment, Session, engine_names, load_engine

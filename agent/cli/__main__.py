@@ -1,0 +1,5 @@
+"""`python -m agent.cli`: the `pivot` command."""
+
+from agent.cli import main
+
+main()

@@ -1,0 +1,202 @@
+"""`pivot sessions`, `show` and `unlock`: the sessions of the ledger."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from agent import models as m
+from agent.cli.base import Home, _when, cli, pass_home
+from agent.console import dump, make_table, out, print_json
+from agent.store import Store
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array on stdout.")
+@pass_home
+def sessions(home: Home, as_json: bool) -> None:
+    """List sessions: id, name, target, status, experiments, open pivot, last update."""
+    rows = home.store.session_summaries()
+    if as_json:
+        print_json([dump(r) for r in rows])
+        return
+    if not rows:
+        out.print(f"No sessions in {home.paths.home}.")
+        return
+    table = make_table("id", "name", "target", "engine", "status", "exps", "open pivot", "updated")
+    for r in rows:
+        status = r.status + (f" (pid {r.locked_by_pid})" if r.locked_by_pid else "")
+        table.add_row(
+            r.id, r.name, r.target, r.engine, status, str(r.experiments), _gist(r.open_pivot), _when(r.updated_at)
+        )
+    out.print(table)
+
+
+def _gist(text: str | None, limit: int = 48) -> str:
+    """The start of a long text on one line, cut at a word ('pivot show' and --json give it whole)."""
+    text = " ".join((text or "").split())
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    return (cut.rsplit(" ", 1)[0] if " " in cut else cut) + "…"
+
+
+@cli.command()
+@click.argument("session_ref", metavar="SESSION")
+@click.option(
+    "--force", is_flag=True, hidden=True, help="Refused like the plain command while the lock's process runs here."
+)
+@pass_home
+def unlock(home: Home, session_ref: str, force: bool) -> None:
+    """Clear a session's lock left by a process that is gone (or by a host that no longer exists).
+
+    A lock whose process still runs on this host is never cleared (not with --force either): stop that process.
+    """
+    session = home.store.get_session(session_ref)
+    pid = home.store.break_session_lock(session.id)
+    out.print(f"session {session.id}: " + (f"lock of pid {pid} cleared" if pid else "was not locked"))
+
+
+@cli.command()
+@click.argument("session_ref", metavar="SESSION")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@pass_home
+def show(home: Home, session_ref: str, as_json: bool) -> None:
+    """Show a session: its todos, experiments with verdicts, and pivots."""
+    from agent.reports import Ledger
+
+    store = home.store
+    session = store.get_session(session_ref)
+    experiments = store.experiments(session.id)
+    change = _change_of(session, experiments)
+    ledger = Ledger.read(store, session.id)
+    if as_json:
+        print_json(_show_json(store, session, experiments, change, ledger))
+        return
+    _print_head(store, session)
+    _print_todos(store.todos(session.id))
+    _print_experiments(experiments, change, ledger)
+    _print_plan_changes(store.plan_changes(session.id))
+    _print_pivots(store.pivots(session.id))
+    _print_documents(store.documents(session.id))
+
+
+def _change_of(session: m.Session, experiments: list[m.Experiment]) -> Callable[[m.Experiment], str]:
+    """An experiment's change from its base experiment (else from the target's base flags), as text."""
+    by_id = {e.id: e for e in experiments}
+    base_config = session.target.base_config()
+
+    def change(e: m.Experiment) -> str:
+        base = by_id[e.base_experiment_id].config if e.base_experiment_id in by_id else base_config
+        return str(e.config.diff(base))
+
+    return change
+
+
+def _show_json(
+    store: Store,
+    session: m.Session,
+    experiments: list[m.Experiment],
+    change: Callable[[m.Experiment], str],
+    ledger: Any,
+) -> dict[str, Any]:
+    """`pivot show --json`: the session and everything recorded under it."""
+
+    def figure(e: m.Experiment) -> dict[str, float | int] | None:
+        found = ledger.figure(e)
+        if found is None:
+            return None
+        return {"output_tok_s": found[0], "max_concurrency": found[1], "runs": found[2]}
+
+    return {
+        "session": dump(session),
+        "locked_by_pid": store.session_lock(session.id),
+        "todos": [dump(t) for t in store.todos(session.id)],
+        "experiments": [
+            {
+                **dump(e),
+                "change": change(e),
+                "figure": figure(e),
+                "results": [dump(r) for r in store.bench_results(e.id or 0)],
+                "telemetry": [dump(t) for t in store.telemetry(e.id or 0)],
+            }
+            for e in experiments
+        ],
+        "pivots": [dump(p) for p in store.pivots(session.id)],
+        "plan_changes": [dump(c) for c in store.plan_changes(session.id)],
+        "documents": [dump(d) for d in store.documents(session.id)],
+        "usage": [dump(u) for u in store.usage(session.id)],
+    }
+
+
+def _print_head(store: Store, session: m.Session) -> None:
+    t = session.target
+    out.print(f"[bold]{session.name}[/] ({session.id}) - {session.status}", markup=True)
+    out.print(f"plan {session.plan.name}: {session.plan.title}")
+    out.print(f"target {t.model} on {t.gpus}x {t.hardware}, engine {session.engine}, model {session.model}")
+    out.print(f"created {_when(session.created_at)}, updated {_when(session.updated_at)}")
+    if pid := store.session_lock(session.id):
+        out.print(f"in use by pid {pid}")
+    if usage := store.usage(session.id):
+        from agent.reports import usage_text
+
+        out.print(usage_text(usage), highlight=False)
+
+
+def _print_todos(todos: list[m.Todo]) -> None:
+    out.print("\n[bold]Todos[/]", markup=True)
+    if todos:
+        table = make_table("", "todo", "priority", "item")
+        marks = {"pending": "[ ]", "in_progress": "[>]", "completed": "[x]", "cancelled": "[-]"}
+        for todo in todos:
+            table.add_row(marks[todo.status], todo.content, todo.priority, todo.plan_item or "")
+        out.print(table)
+    else:
+        out.print("  (none)")
+
+
+def _print_experiments(experiments: list[m.Experiment], change: Callable[[m.Experiment], str], ledger: Any) -> None:
+    out.print("\n[bold]Experiments[/]", markup=True)
+    if experiments:
+        table = make_table("id", "item", "kind", "change", "status", "out tok/s (mean of runs)", "verdict", "reason")
+        for e in experiments:
+            best_text = ledger.figure_text(e)
+            reason = e.reason or ""
+            if e.predicted_change_pct is not None and e.verdict != "predicted":
+                reason = f"{reason} [predicted {e.predicted_change_pct:+.1f}% before launch]".strip()
+            table.add_row(
+                str(e.id), "+".join(e.plan_items), e.kind, change(e), e.status, best_text, e.verdict or "", reason
+            )
+        out.print(table)
+    else:
+        out.print("  (none)")
+
+
+def _print_plan_changes(changes: list[m.PlanChange]) -> None:
+    if changes:
+        out.print("\n[bold]Plan changes[/]", markup=True)
+        for c in changes:
+            out.print(f"  {_when(c.at)} from {c.source or '(no file)'}:", highlight=False)
+            for line in c.changes:
+                out.print(f"     {line}", highlight=False)
+
+
+def _print_pivots(pivots: list[m.Pivot]) -> None:
+    out.print("\n[bold]Pivots[/]", markup=True)
+    if pivots:
+        for p in pivots:
+            out.print(f"  #{p.id} {p.question}")
+            for i, option in enumerate(p.options, start=1):
+                out.print(f"     {i}. {option}")
+            out.print(f"     answer: {p.answer}" if p.answer is not None else "     (waiting for an answer)")
+    else:
+        out.print("  (none)")
+
+
+def _print_documents(documents: list[m.Document]) -> None:
+    if documents:
+        out.print("\n[bold]Documents[/]", markup=True)
+        for d in documents:
+            out.print(f"  {d.path}  {d.status}")

@@ -1,0 +1,68 @@
+"""One source of the defaults that the CLI (`pivot demo/run`) and the TUI (`pivot chat`) both read.
+
+The method's thresholds are `models.SessionSettings`' field defaults (`setting(name)`); what is not a session
+setting (the demo's plan and noise, the default engine and model) is a constant here. Neither the CLI's options
+nor the TUI keep a copy, and the TUI never imports the CLI to learn them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from agent import models as m
+from agent.errors import PivotError
+
+DEMO_PLAN = "glm5-nvfp4-rtxpro6000x8"  # `pivot demo`: the seeds' campaign on the digital twin
+DEMO_NOISE = 0.015  # `pivot demo`: run-to-run noise of the simulated engine
+ENGINE = "sim"  # `pivot run --engine`
+MODEL = "autopilot"  # the model when neither --model nor $PIVOT_MODEL names one
+SIMULATED = ("sim", "sim-http")  # the engines that take the plan's model profile, hardware and GPU count
+SIM_HTTP_OPTIONS = {"time_scale": 20.0, "startup_s": 0.5}  # sim-http's options unless told otherwise
+
+# The method's command-line options (`pivot demo/run`) and the settings they set.
+METHOD_SETTINGS = {
+    "min_gain": "min_gain_pct",
+    "reruns": "reruns",
+    "stall_after": "stall_after",
+    "seed": "seed",
+    "request_limit": "request_limit",
+    "search": "search",
+}
+
+
+def setting(name: str) -> Any:
+    """A session setting's default (`SessionSettings.<name>`), e.g. for a command-line option's default."""
+    return m.SessionSettings.model_fields[name].default
+
+
+def default_model(model: str | None) -> str:
+    """The model a session is driven by: the one given, else $PIVOT_MODEL, else the built-in autopilot."""
+    return model or os.environ.get("PIVOT_MODEL") or MODEL
+
+
+def session_settings(
+    target: m.Target, engine: str, options: dict[str, Any], noise: float | None, method: Mapping[str, Any]
+) -> m.SessionSettings:
+    """A new session's settings: the method's thresholds given in `method` (keyed by the command-line option's
+    name, see METHOD_SETTINGS; one not given keeps its default) and the engine's options (the simulated engines get
+    the plan's model profile, hardware and GPU count unless told otherwise)."""
+    opts = dict(options)
+    if engine in SIMULATED:
+        if target.model_profile:
+            opts.setdefault("model_profile", target.model_profile)
+        opts.setdefault("hardware", target.hardware)
+        opts.setdefault("gpus", target.gpus)
+        if noise is not None:
+            opts.setdefault("noise", noise)
+    elif noise is not None:
+        raise PivotError("--noise applies to the simulated engines (sim, sim-http) only")
+    if engine == "sim-http":
+        for key, value in SIM_HTTP_OPTIONS.items():
+            opts.setdefault(key, value)
+    for key in ("api_key", "token", "password", "secret"):
+        if any(key in k.lower() for k in opts):
+            raise PivotError("engine options are stored in the ledger: pass secrets through the environment")
+    given = {field: method[option] for option, field in METHOD_SETTINGS.items() if option in method}
+    return m.SessionSettings(**given, engine_options=opts)
