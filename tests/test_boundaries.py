@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CORE = ["agent/models.py", "agent/store.py", "agent/session.py", "agent/plugins.py", "agent/servers.py"]
+STORE = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "agent" / "store").glob("*.py"))
+CORE = ["agent/models.py", *STORE, "agent/session.py", "agent/plugins.py", "agent/servers.py"]
 FORBIDDEN = ("tools", "textual")
 
 
@@ -57,12 +58,14 @@ def test_tools_never_import_the_loop_cli_or_tui():
 
 def test_only_the_store_writes_sql():
     pattern = ("execute(", "executescript(", "sqlite3.connect")
+    store = ROOT / "agent" / "store"
     offenders = [
         str(p.relative_to(ROOT))
         for p in [*(ROOT / "agent").rglob("*.py"), *(ROOT / "tools").rglob("*.py")]
-        if p.name != "store.py" and any(s in p.read_text() for s in pattern)
+        if store not in p.parents and any(s in p.read_text() for s in pattern)
     ]
     assert not offenders, offenders
+    assert len(STORE) > 5 and any(s in (store / "core.py").read_text() for s in pattern)  # the rule still sees it
 
 
 # Size limits: no module over MAX_MODULE_LINES lines, no function over MAX_FUNCTION_LINES (a function's lines run
@@ -70,7 +73,7 @@ def test_only_the_store_writes_sql():
 # and tools/ is split in later sessions: add a path here once it is within the limits (["agent", "tools"] when all are).
 MAX_MODULE_LINES = 700
 MAX_FUNCTION_LINES = 100
-SIZED_PATHS = ["tools/analysis"]
+SIZED_PATHS = ["tools/analysis", "agent/store"]
 
 
 def size_offenders(paths: list[str], root: Path = ROOT) -> list[str]:
