@@ -399,15 +399,12 @@ def usage_cost(model: str, base_url: str | None, input_tokens: int, output_token
     return float(price.total_price)
 
 
-async def _run_async(
-    session: Session,
-    answer: str | None,
-    prompt: str | None,
-    usage_limits: UsageLimits | None,
-    model: Model | str | None,
-    compact: bool,
-    meter: UsageMeter,
-) -> RunOutcome:
+def _prepare(
+    session: Session, answer: str | None, prompt: str | None
+) -> RunOutcome | tuple[list[ModelMessage], int, DeferredToolResults | None, str | None]:
+    """The history to go on from, repaired (calls cut short answered, the open pivot answered with `answer`, a
+    half-written summary completed), how much of it the ledger holds, the deferred results and the prompt; or the
+    outcome at once when a pivot waits for an answer that was not given."""
     store = session.store
     history = load_history(session)
     stored = len(history)
@@ -444,6 +441,23 @@ async def _run_async(
         last = history[-1]  # tool results waiting to be sent: the message rides with them
         history = [*history[:-1], ModelRequest(parts=[*last.parts, UserPromptPart(prompt)])]
         prompt = None
+    return history, stored, deferred, prompt
+
+
+async def _run_async(
+    session: Session,
+    answer: str | None,
+    prompt: str | None,
+    usage_limits: UsageLimits | None,
+    model: Model | str | None,
+    compact: bool,
+    meter: UsageMeter,
+) -> RunOutcome:
+    store = session.store
+    prepared = _prepare(session, answer, prompt)
+    if isinstance(prepared, RunOutcome):
+        return prepared
+    history, stored, deferred, prompt = prepared
     persister = Persister(session, stored)
     persister.save(history)  # the repair and the answer, before anything runs
     store.set_session_status(session.id, "active")

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+STORE = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "agent" / "store").glob("*.py"))
 CORE = [
     *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "agent" / "models").glob("*.py")),
-    "agent/store.py",
+    *STORE,
     "agent/session.py",
     "agent/plugins.py",
     "agent/servers.py",
@@ -131,12 +132,14 @@ def test_the_plugin_import_checker_catches_each_spelling(tmp_path):
 
 def test_only_the_store_writes_sql():
     pattern = ("execute(", "executescript(", "sqlite3.connect")
+    store = ROOT / "agent" / "store"
     offenders = [
         str(p.relative_to(ROOT))
         for p in [*(ROOT / "agent").rglob("*.py"), *(ROOT / "tools").rglob("*.py")]
-        if p.name != "store.py" and any(s in p.read_text() for s in pattern)
+        if store not in p.parents and any(s in p.read_text() for s in pattern)
     ]
     assert not offenders, offenders
+    assert len(STORE) > 5 and any(s in (store / "core.py").read_text() for s in pattern)  # the rule still sees it
 
 
 def test_only_the_reports_package_writes_under_docs_out():
@@ -152,21 +155,10 @@ def test_only_the_reports_package_writes_under_docs_out():
 
 
 # Size limits: no module over MAX_MODULE_LINES lines, no function over MAX_FUNCTION_LINES (a function's lines run
-# from its `def` to its last line, decorators and docstring included). Enforced for SIZED_PATHS; the rest of agent/
-# and tools/ is split in later sessions: add a path here once it is within the limits (["agent", "tools"] when all are).
+# from its `def` to its last line, decorators and docstring included), in every module of agent/ and tools/.
 MAX_MODULE_LINES = 700
 MAX_FUNCTION_LINES = 100
-SIZED_PATHS = [
-    "agent/cli",
-    "agent/models",
-    "agent/reports",
-    "tools/analysis",
-    "tools/engines/sim",
-    "tools/experiments.py",
-    "tools/loadgen",
-    "tools/method",
-    "tools/telemetry",
-]
+SIZED_PATHS = ["agent", "tools"]
 
 
 def size_offenders(paths: list[str], root: Path = ROOT) -> list[str]:

@@ -56,7 +56,14 @@ def test_wheel_ships_the_plans_and_the_entry_points(tmp_path):
     assert {"tools/profiles/hardware/rtx-pro-6000-blackwell.toml", "tools/profiles/hardware/h200.toml",
             "tools/profiles/models/glm-5-nvfp4.toml", "tools/profiles/models/llama-3.3-70b-fp8.toml",
             "tools/engines/catalog/sglang-0.5.23.json"} <= names  # fmt: skip
-    assert {"agent/store.py", "agent/cli/__init__.py", "agent/loop.py", "agent/autopilot.py", "tools/todo.py"} <= names
+    assert {
+        "agent/store/__init__.py",
+        "agent/store/migrations.py",
+        "agent/cli/__init__.py",
+        "agent/loop.py",
+        "agent/autopilot.py",
+        "tools/todo.py",
+    } <= names
     assert not any(n.startswith(("tests/", "state/", "docs_out/", "benchmarks/")) for n in names)
     tools = entry_points.split("[pivot.tools]\n", 1)[1].split("\n\n", 1)[0].splitlines()
     assert {f"{name} = tools.{name}:toolset" for name in ("todo", "server", "bench", "docs", "pivot")} <= set(tools)

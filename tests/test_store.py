@@ -290,3 +290,19 @@ def test_an_unreadable_session_row_is_a_clear_error(store, small_plan):
     store.db.conn.execute("update sessions set plan_json = '{\"name\": 3}'")
     with pytest.raises(PivotError, match="session abc123 in the ledger cannot be read"):
         store.get_session("abc123")
+
+
+def test_the_row_mapper_stores_json_and_datetimes_as_text_and_fills_missing_columns_with_defaults():
+    from agent.store.rows import RowMap
+
+    rows = RowMap(m.Pivot, json=("options",))
+    pivot = m.Pivot(id=4, session_id="abc123", question="which?", options=["a", "b"], asked_at=T0)
+    row = rows.to_row(pivot, skip=("id",), extra_column=1)
+    assert row["options_json"] == '["a", "b"]' and "options" not in row and "id" not in row
+    assert row["asked_at"] == T0.isoformat() and row["answered_at"] is None and row["extra_column"] == 1
+    assert rows.from_row({**row, "id": 4}) == pivot
+    # a ledger at an older migration lacks columns, and NULLs stand for the defaults: both give the field's default
+    old = rows.from_row({"id": 5, "question": "q?", "asked_at": T0.isoformat(), "options_json": None, "answer": None})
+    assert old.options == [] and old.answer is None and old.asked_at == T0 and old.tool_call_id is None
+    usage = RowMap(m.ModelUsage).from_row({"model": "x", "requests": None, "outcome": None}, id=7)
+    assert (usage.id, usage.requests, usage.outcome) == (7, 0, "")
