@@ -57,6 +57,12 @@ class Parallelism:
     pp: int = 1
     ep: int = 1
     dp: int = 1
+    dp_within_tp: bool = False  # data-parallel ranks share the tensor-parallel GPUs (SGLang's DP attention)
+
+    @property
+    def gpus(self) -> int:
+        """The GPUs the configuration occupies: TP x PP, times DP unless the DP ranks live inside the TP group."""
+        return self.tp * self.pp * (1 if self.dp_within_tp else self.dp)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,19 @@ ExperimentKind = Literal["baseline", "change", "rerun", "prior", "imported"]
 ExperimentStatus = Literal["planned", "running", "finished", "failed", "interrupted"]
 
 
+class Placement(_Model):
+    """Where an experiment's server ran: the executor, the host and GPUs it was given, and its log there."""
+
+    executor: str = Field(description="local (this process, one at a time) or ray (a task on a Ray cluster).")
+    host: str = Field(description="The host name of the node that ran the server.")
+    node_id: str | None = Field(default=None, description="The Ray node's id.")
+    gpu_ids: list[str] = Field(
+        default_factory=list, description="The GPUs it was given (CUDA_VISIBLE_DEVICES on that host), as ids."
+    )
+    log_path: str | None = Field(default=None, description="The server's log on that host, when not this one.")
+    attempt: int = Field(default=1, ge=1, description="1, or more when a lost node made the executor run it again.")
+
+
 class Experiment(_Model):
     """One clean experiment: a config on a workload, why it was tried, and what it showed."""
 
@@ -72,6 +85,9 @@ class Experiment(_Model):
         default=None, description="The predicted change against the base experiment's measured mean, in %."
     )
     prediction: str | None = Field(default=None, description="Where the prediction comes from, in words.")
+    placement: Placement | None = Field(
+        default=None, description="Where its server last ran (an executor's task); None for a server of this process."
+    )
     created_at: datetime = Field(default_factory=utcnow)
     started_at: datetime | None = None
     finished_at: datetime | None = None
@@ -181,6 +197,15 @@ class SessionSettings(_Model):
         default_factory=dict, description="Options the engine is built with (no secrets: they are stored)."
     )
     request_limit: int = Field(default=400, ge=1, description="Model requests per run before pivot stops it.")
+    parallel: int = Field(
+        default=1,
+        ge=1,
+        description="Experiments of one search step run at once (an executor: --ray); 1 is one after another.",
+    )
+    executor: str | None = Field(
+        default=None,
+        description="Where experiments run: None in this process, else a Ray address (local starts one here).",
+    )
     search: bool = Field(
         default=True,
         description="The twin-guided search (tools/search.py: predicted candidates, combined steps, retests, no "

@@ -362,6 +362,11 @@ def _m011_usage(db: Database) -> None:
     db["model_usage"].create_index(["session_id"])
 
 
+def _m012_placement(db: Database) -> None:
+    """Where an experiment's server ran when an executor placed it (a Ray task): host, GPUs, its log there."""
+    db["experiments"].add_column("placement_json", str)
+
+
 MIGRATIONS: list[Migration] = [
     ("001_initial", _m001_initial),
     ("002_server_processes", _m002_server_processes),
@@ -373,4 +378,5 @@ MIGRATIONS: list[Migration] = [
     ("008_search", _m008_search),
     ("009_truth", _m009_truth),
     ("011_usage", _m011_usage),
+    ("012_placement", _m012_placement),
 ]

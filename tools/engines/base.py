@@ -87,6 +87,7 @@ class CatalogEngine(BaseEngine):
     catalog_engine: ClassVar[str] = "sglang"  # the catalog's engine name
     # Parallelism field -> the dest of the flag that sets it in this engine's parser (a missing key: always 1).
     parallel_dests: ClassVar[Mapping[str, str]] = {}
+    dp_within_tp_dest: ClassVar[str | None] = None  # the dest of a flag that puts the DP ranks inside the TP GPUs
     _catalog: Catalog | None = None
 
     @property
@@ -135,4 +136,5 @@ class CatalogEngine(BaseEngine):
         """The degrees the catalog's flags set (`parallel_dests`), 1 where unset or not a number."""
         values = self.values(config)
         found = {key: _degree(values.get(dest)) or 1 for key, dest in self.parallel_dests.items()}
-        return Parallelism(**found)
+        within = bool(self.dp_within_tp_dest and values.get(self.dp_within_tp_dest))
+        return Parallelism(**found, dp_within_tp=within)

@@ -94,6 +94,7 @@ class SGLangEngine(CatalogEngine):
     gauges = GAUGES
     failure_rules = FAILURE_RULES
     parallel_dests: ClassVar[Mapping[str, str]] = {"tp": "tp_size", "pp": "pp_size", "ep": "ep_size", "dp": "dp_size"}
+    dp_within_tp_dest: ClassVar[str | None] = "enable_dp_attention"  # DP attention: the DP ranks share the TP GPUs
 
     def __init__(
         self,

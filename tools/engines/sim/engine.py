@@ -165,6 +165,7 @@ class SimEngine(CatalogEngine):
     ready_timeout_s = 60.0
     failure_rules = SGLANG_FAILURE_RULES  # the twin writes SGLang's words
     parallel_dests: ClassVar[Mapping[str, str]] = {"tp": "tp_size", "pp": "pp_size", "ep": "ep_size", "dp": "dp_size"}
+    dp_within_tp_dest: ClassVar[str | None] = "enable_dp_attention"  # DP attention: the DP ranks share the TP GPUs
 
     def __init__(
         self,

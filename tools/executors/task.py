@@ -1,0 +1,161 @@
+"""One experiment's run on whatever host runs it: launch, wait until ready, sweep with telemetry, profile, stop.
+
+`run_task` needs none of the ledger: it builds the engine from the task's name and options, so it runs the same in
+this process (the local executor) and in a Ray worker on another node. Whatever happens, the server it started is
+stopped before it returns or raises (a KeyboardInterrupt, the way Ray cancels a task, included).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from agent import models as m
+from agent.errors import LaunchFailed, PivotError
+from agent.session import Deployment, Engine, LedgerLink, load_engine
+from tools.executors.base import ExperimentTask, OutcomeStatus, TaskEvent, TaskOutcome
+
+PORT_RETRIES = 2  # another server took the port between its pick and the launch (servers side by side on a host)
+MAX_ERRORS = 3
+
+Emit = Callable[[TaskEvent], None]
+
+
+def telling_line(engine: Engine, tail: Sequence[str]) -> str | None:
+    """The log line that says why a server failed, as the engine's crash classifier found it, else the last
+    non-empty line."""
+    from tools.engines.failures import short_line
+
+    line = engine.diagnose(tail).line or next((x for x in reversed(tail) if x.strip()), None)
+    return short_line(line, 300) if line else None
+
+
+def gpu_ids() -> list[str]:
+    """The GPUs this process was given (CUDA_VISIBLE_DEVICES), as ids; empty when it was given no list."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    return [g.strip() for g in value.split(",") if g.strip()] if value else []
+
+
+def run_task(
+    task: ExperimentTask,
+    emit: Emit,
+    *,
+    ledger: LedgerLink | None = None,
+    placement: m.Placement | None = None,
+    log_path: Path | None = None,
+    raw_path: Path | None = None,
+) -> TaskOutcome:
+    """Run `task` here; the server's log goes to `log_path` and the sweep's JSONL to `raw_path` (default: the
+    task's own paths, which are the driver's). `ledger` records the server in the ledger (only the driver's process
+    has one); `placement` says where this is (default: this host, the local executor)."""
+    started = m.utcnow()
+    place = placement or m.Placement(executor="local", host=socket.gethostname(), gpu_ids=gpu_ids())
+    log = Path(log_path or task.log_path)
+    raw = Path(raw_path or task.raw_path)
+
+    def outcome(status: OutcomeStatus, **kw: object) -> TaskOutcome:
+        return TaskOutcome(task=task, status=status, started_at=started, finished_at=m.utcnow(), placement=place,
+                           **kw)  # type: ignore[arg-type]  # fmt: skip
+
+    def say(message: str, kind: str = "progress") -> None:
+        emit(TaskEvent(task.experiment_id, f"{task.label}: {message}", kind))  # type: ignore[arg-type]
+
+    engine = load_engine(task.engine, **task.engine_options).with_seed(task.seed)
+    where = f" on {place.host}" + (f" (GPUs {','.join(place.gpu_ids)})" if place.gpu_ids else "")
+    say(f"launching {engine.name}{where} with {task.config}")
+    deployment: Deployment | None = None
+    try:
+        for attempt in range(PORT_RETRIES + 1):
+            deployment, failed = _start(engine, task, log, ledger, say, outcome)
+            if failed is None:
+                break
+            deployment = None
+            if failed.failure != "port-in-use" or attempt == PORT_RETRIES:
+                return failed
+            say("its port was taken by another server in the meantime; launching again on another port", "warning")
+        assert deployment is not None
+        say(f"server ready at {deployment.base_url}", "info")
+        raw.parent.mkdir(parents=True, exist_ok=True)
+        spec = task.workload
+        say(f"benchmarking levels {', '.join(map(str, spec.concurrency))}")
+        result = deployment.benchmark(spec, lambda line: say(line), output_file=raw)
+        if result.interrupted:
+            return outcome("interrupted", message="the benchmark was cut short before it finished")
+        if not result.levels:
+            return outcome("interrupted", message="the benchmark produced no level")
+        failed_levels = [lv for lv in result.levels if lv.failed > 0]
+        failure = deployment.failure if failed_levels else None
+        if failed_levels and failure is None:
+            failure = "unknown" if deployment.alive() else "server-exited"
+        errors = sorted({err for lv in failed_levels for err in lv.errors})[:MAX_ERRORS]
+        profile = None
+        if task.profile and deployment.alive():
+            say("profiling under load")
+            profile = deployment.profile(Path(task.profile_dir or raw.parent / "profiles"))
+        return outcome(
+            "measured",
+            bench=result,
+            telemetry=list(deployment.level_telemetry),
+            failure=failure,
+            errors=errors,
+            server_alive=deployment.alive(),
+            log_tail=deployment.log_tail(5),
+            profile=profile,
+        )
+    finally:
+        if deployment is not None:
+            deployment.stop()
+
+
+def _start(
+    engine: Engine,
+    task: ExperimentTask,
+    log: Path,
+    ledger: LedgerLink | None,
+    say: Callable[..., None],
+    outcome: Callable[..., TaskOutcome],
+) -> tuple[Deployment | None, TaskOutcome | None]:
+    """Launch and wait until ready: (the deployment, None), or (None, the outcome of a server that did not start)."""
+    from tools.engines.process import FlagsRefused
+
+    def failed(status: OutcomeStatus, failure: str, detail: str, tail: list[str] | None = None) -> TaskOutcome:
+        say(f"did not start ({failure}): {detail[:200]}", "warning")
+        return outcome(status, failure=failure, failure_detail=detail[:500], log_tail=tail or [])
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        deployment = engine.launch(task.config, log, ledger=ledger)
+    except FlagsRefused as err:  # the engine's own audit disagreed with the driver's: recorded the same way
+        return None, failed("refused", "unrecognized-argument", err.message)
+    except PivotError as err:
+        return None, failed("failed", err.failure if isinstance(err, LaunchFailed) else "unknown", err.message)
+    try:
+        deployment.wait_ready(task.ready_timeout_s, lambda line: say(line))
+    except PivotError as err:
+        failure = err.failure if isinstance(err, LaunchFailed) else deployment.failure or "unknown"
+        tail = deployment.log_tail(15)
+        deployment.stop()
+        return None, failed("failed", failure, telling_line(engine, tail) or err.message, tail)
+    except BaseException:
+        deployment.stop()
+        raise
+    return deployment, None
+
+
+@contextlib.contextmanager
+def environ(extra: dict[str, str]):  # type: ignore[no-untyped-def]
+    """This process's environment with `extra` set while the block runs (a Ray worker runs one task at a time, so
+    the servers it launches inherit the marks), restored after."""
+    old = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
