@@ -85,8 +85,15 @@ class Autopilot:
     # ---- the policy
 
     def next_call(self, last: dict[str, tuple[dict[str, Any], Any]] | None = None) -> Call:
-        """The next step, from the ledger (`last`: the previous response's tool calls and their results)."""
-        last = last or {}
+        """The next step, from the ledger (`last`: the previous response's tool calls and their results). With an
+        executor (`pivot run --ray`), every launch is a step of run_experiments: its servers run where the executor
+        puts them, never in this process."""
+        call = self._next_call(last or {})
+        if self.session.settings.executor is not None and call.tool == "launch_server":
+            return Call("run_experiments", {"experiments": [call.args]})
+        return call
+
+    def _next_call(self, last: dict[str, tuple[dict[str, Any], Any]]) -> Call:
         s = self.session
         store = s.store
         method = Method.read(store, s.id)
@@ -122,13 +129,9 @@ class Autopilot:
             return Call("write_improvement_doc", {"plan_item": missing[0].id})
 
         # 4. experiments measured but not judged
-        for e in method.experiments:
-            measured = e.status in ("finished", "failed") or (e.status == "interrupted" and method.run_count(e) > 0)
-            if e.verdict is not None or not measured:
-                continue
-            call = self.judge(method, e)
-            if call is not None:
-                return call
+        call = self.judge_step(method)
+        if call is not None:
+            return call
 
         # 5. documents out of date with the ledger
         for item in plan.items:
@@ -185,6 +188,12 @@ class Autopilot:
         return self.session.engine_for(self.session.settings.seed).validate(config)
 
     def take(self, method: Method, step: search.Step, last: dict[str, tuple[dict[str, Any], Any]]) -> Call:
+        parallel = self.session.settings.parallel
+        if step.action == "launch" and parallel > 1 and self.session.settings.executor is not None:
+            return self.take_many(method, step, last, parallel)
+        return self.take_one(method, step, last)
+
+    def take_one(self, method: Method, step: search.Step, last: dict[str, tuple[dict[str, Any], Any]]) -> Call:
         if step.action == "rule_out":
             return Call("record_verdict", {"plan_item": step.items[0], "verdict": "ruled_out", "reason": step.reason})
         if step.action == "predicted":
@@ -194,6 +203,23 @@ class Autopilot:
         args: dict[str, Any] = {"plan_items": list(step.items)} if len(step.items) > 1 else {"plan_item": step.items[0]}
         launch = Call("launch_server", {**args, "hypothesis": step.reason})
         return self.audited(last, args, launch)
+
+    def take_many(
+        self, method: Method, step: search.Step, last: dict[str, tuple[dict[str, Any], Any]], parallel: int
+    ) -> Call:
+        """The search's step and the launches beside it that do not depend on its outcome, as one run_experiments
+        (the executor runs them at once); the engine audits each member before its launch."""
+        members: list[dict[str, Any]] = []
+        for st in search.next_steps(method, method.decision(), self._validate, parallel):
+            if len(st.items) == 1 and (unmeasured := self.unmeasured(method, st.items[0])) is not None:
+                if not members and st.items == step.items:
+                    return unmeasured  # the step itself cannot be measured here: its verdict, no launch
+                continue
+            args = {"plan_items": list(st.items)} if len(st.items) > 1 else {"plan_item": st.items[0]}
+            members.append({**args, "hypothesis": st.reason})
+        if len(members) <= 1:
+            return self.take_one(method, step, last)
+        return Call("run_experiments", {"experiments": members})
 
     def requested_args(self, method: Method, d: Decision, item: m.PlanItem) -> dict[str, Any]:
         """How the user asked for `item` at a pivot: a combined step ("test 05+06 together"), a bounded retry
@@ -275,6 +301,25 @@ class Autopilot:
         return Call(
             "record_verdict", {"plan_item": item_id, "verdict": "not_measured", "reason": not_measured_text(flags)}
         )
+
+    def judge_step(self, method: Method) -> Call | None:
+        """The next verdict (or rerun) of the experiments measured but not judged. Several are waiting only after a
+        step of run_experiments: its reruns go first, together (one step); then the largest adoptable gain, so the
+        best moves once and a gain it beat on the same base is judged superseded; then the rest in order."""
+        calls = []
+        for e in method.experiments:
+            measured = e.status in ("finished", "failed") or (e.status == "interrupted" and method.run_count(e) > 0)
+            if e.verdict is None and measured and (call := self.judge(method, e)) is not None:
+                calls.append((e, call))
+        if not calls:
+            return None
+        reruns = [c for _, c in calls if c.tool == "launch_server"]
+        if self.session.settings.executor is not None and reruns:
+            return Call("run_experiments", {"experiments": [c.args for c in reruns[: self.session.settings.parallel]]})
+        adopt = [(e, c) for e, c in calls if c.args.get("verdict") == "adopted"]
+        if len(adopt) > 1:
+            return max(adopt, key=lambda ec: method.judge(ec[0]).change_pct or 0.0)[1]
+        return calls[0][1]
 
     def judge(self, method: Method, e: m.Experiment) -> Call | None:
         """The verdict step for a measured experiment (or its rerun)."""

@@ -188,6 +188,27 @@ def _check_one_change(method: Method, session: Session, tool: str, args: Args) -
     return None
 
 
+def _check_step(method: Method, session: Session, tool: str, args: Args) -> str | None:
+    if tool != "run_experiments":
+        return None
+    members = [dict(x) for x in (args.get("experiments") or []) if isinstance(x, dict)]
+    parallel = method.settings.parallel
+    if len(members) > parallel:
+        return (
+            f"{len(members)} experiments in one step, but this session runs {parallel} at once (--parallel "
+            f"{parallel}): name at most {parallel}"
+        )
+    seen: set[str] = set()
+    for member in members:
+        rerun = member.get("experiment_id")
+        items = [f"experiment {rerun}"] if rerun is not None else _launch_items(method, member)
+        twice = [i for i in items if i in seen]
+        if twice:
+            return f"{', '.join(twice)} is named twice in one step: each member is its own experiment"
+        seen.update(items)
+    return None
+
+
 def _tier_finished_at(method: Method, tier: int) -> datetime | None:
     """When the tier's last item was settled, if every item of it is done (None otherwise, or with nothing run)."""
     items = method.plan.tier_items(tier)
@@ -270,6 +291,15 @@ RULES: list[Rule] = [
         _check_one_change,
     ),
     Rule(
+        "step",
+        "With an executor (pivot run --ray ADDRESS --parallel N), run_experiments runs up to N experiments of one "
+        "step at once, each one change on the best configuration (or a rerun by experiment_id), no item in two of "
+        "them; each member obeys the rules above. Judge the step when it is in: the largest gain first (it becomes "
+        "the best); a gain it beat on the same base is recorded superseded; gains inside the noise are rerun "
+        "together.",
+        _check_step,
+    ),
+    Rule(
         "verdict",
         "Record each verdict by the numbers run_benchmark returns: adopted only beyond the noise band, a gain "
         "inside it rerun before it is called no_gain, regressed beyond the band the other way, crashed with the "
@@ -303,7 +333,7 @@ RULES: list[Rule] = [
 ]
 
 
-GUARDED_TOOLS = frozenset({"launch_server", "record_verdict", "ask_user", "write_status_summary"})
+GUARDED_TOOLS = frozenset({"launch_server", "run_experiments", "record_verdict", "ask_user", "write_status_summary"})
 
 
 def method_text() -> str:
@@ -321,11 +351,15 @@ def refusal(session: Session, tool: str, args: Args) -> str | None:
         return None  # reads and measurements of a running server change nothing the method rules on
     checks = [r for r in RULES if r.check is not None]
     method = Method.read(session.store, session.id)
-    for rule in checks:
-        assert rule.check is not None
-        why = rule.check(method, session, tool, args)
-        if why is not None:
-            return f"refused by the method ({rule.key}): {why}"
+    calls = [(tool, args)]
+    if tool == "run_experiments":  # the step's shape, then every member as the launch it stands for
+        calls += [("launch_server", dict(x)) for x in (args.get("experiments") or []) if isinstance(x, dict)]
+    for name, call_args in calls:
+        for rule in checks:
+            assert rule.check is not None
+            why = rule.check(method, session, name, call_args)
+            if why is not None:
+                return f"refused by the method ({rule.key}): {why}"
     return None
 
 
