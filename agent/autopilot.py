@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -42,6 +41,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from agent import models as m
 from agent import reports
 from agent.session import Session
+from agent.steps import Call, Steps
 from tools import search
 from tools.experiments import unmeasurable_item
 from tools.method import Decision, Method, baseline_runs_needed, not_measured_text, understood
@@ -49,16 +49,7 @@ from tools.method import Decision, Method, baseline_runs_needed, not_measured_te
 PROMISING_FACTOR = 2.0  # a plan item is promising when it expects at least this times the noise floor
 
 
-@dataclass
-class Call:
-    """The next tool call, or the final text when there is none."""
-
-    tool: str | None
-    args: dict[str, Any] = field(default_factory=dict)
-    text: str = ""
-
-
-class Autopilot:
+class Autopilot(Steps):
     """The method as a deterministic policy over a session's ledger (see the module docstring)."""
 
     def __init__(self, session: Session) -> None:
@@ -90,7 +81,7 @@ class Autopilot:
         puts them, never in this process."""
         call = self._next_call(last or {})
         if self.session.settings.executor is not None and call.tool == "launch_server":
-            return Call("run_experiments", {"experiments": [call.args]})
+            return Call("run_experiments", {"experiments": [{**call.args, "runs": self.runs_at_once(call.args)}]})
         return call
 
     def _next_call(self, last: dict[str, tuple[dict[str, Any], Any]]) -> Call:
@@ -204,23 +195,6 @@ class Autopilot:
         launch = Call("launch_server", {**args, "hypothesis": step.reason})
         return self.audited(last, args, launch)
 
-    def take_many(
-        self, method: Method, step: search.Step, last: dict[str, tuple[dict[str, Any], Any]], parallel: int
-    ) -> Call:
-        """The search's step and the launches beside it that do not depend on its outcome, as one run_experiments
-        (the executor runs them at once); the engine audits each member before its launch."""
-        members: list[dict[str, Any]] = []
-        for st in search.next_steps(method, method.decision(), self._validate, parallel):
-            if len(st.items) == 1 and (unmeasured := self.unmeasured(method, st.items[0])) is not None:
-                if not members and st.items == step.items:
-                    return unmeasured  # the step itself cannot be measured here: its verdict, no launch
-                continue
-            args = {"plan_items": list(st.items)} if len(st.items) > 1 else {"plan_item": st.items[0]}
-            members.append({**args, "hypothesis": st.reason})
-        if len(members) <= 1:
-            return self.take_one(method, step, last)
-        return Call("run_experiments", {"experiments": members})
-
     def requested_args(self, method: Method, d: Decision, item: m.PlanItem) -> dict[str, Any]:
         """How the user asked for `item` at a pivot: a combined step ("test 05+06 together"), a bounded retry
         ("retry 07 with --max-running-requests 512"), else the item alone."""
@@ -301,25 +275,6 @@ class Autopilot:
         return Call(
             "record_verdict", {"plan_item": item_id, "verdict": "not_measured", "reason": not_measured_text(flags)}
         )
-
-    def judge_step(self, method: Method) -> Call | None:
-        """The next verdict (or rerun) of the experiments measured but not judged. Several are waiting only after a
-        step of run_experiments: its reruns go first, together (one step); then the largest adoptable gain, so the
-        best moves once and a gain it beat on the same base is judged superseded; then the rest in order."""
-        calls = []
-        for e in method.experiments:
-            measured = e.status in ("finished", "failed") or (e.status == "interrupted" and method.run_count(e) > 0)
-            if e.verdict is None and measured and (call := self.judge(method, e)) is not None:
-                calls.append((e, call))
-        if not calls:
-            return None
-        reruns = [c for _, c in calls if c.tool == "launch_server"]
-        if self.session.settings.executor is not None and reruns:
-            return Call("run_experiments", {"experiments": [c.args for c in reruns[: self.session.settings.parallel]]})
-        adopt = [(e, c) for e, c in calls if c.args.get("verdict") == "adopted"]
-        if len(adopt) > 1:
-            return max(adopt, key=lambda ec: method.judge(ec[0]).change_pct or 0.0)[1]
-        return calls[0][1]
 
     def judge(self, method: Method, e: m.Experiment) -> Call | None:
         """The verdict step for a measured experiment (or its rerun)."""

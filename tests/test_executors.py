@@ -77,13 +77,32 @@ def test_a_campaign_through_an_executor_one_at_a_time_is_the_serial_campaign_exa
     assert placed and all(p.executor == "local" for p in placed)
 
 
+def _steps(store: Store, session: Session) -> list[dict]:
+    """The run_experiments calls of the session's history, in order."""
+    calls = [part.get("args") for msg in store.messages(session.id) for part in json.loads(msg).get("parts", [])
+             if part.get("tool_name") == "run_experiments" and part.get("args")]  # fmt: skip
+    return [c if isinstance(c, dict) else json.loads(c) for c in calls]
+
+
+def test_with_room_the_baseline_runs_twice_at_once_with_the_serial_runs_seeds(tmp_path):
+    plan = PLANS / "eval-llama70b-h200x2.toml"
+    baselines = []
+    for name, parallel, executor in (("serial", 1, None), ("two", 2, _local)):
+        paths = Paths(tmp_path / name)
+        with Store(paths.db_path) as store, _session(store, paths, plan, parallel=parallel, executor=executor) as s:
+            rows = _campaign(s, (None,))
+            baselines.append(sorted(rows[0][5]))
+            steps = _steps(store, s)
+    assert steps[0] == {"experiments": [{"baseline": True, "runs": 2}]}
+    assert all(sum(x.get("runs", 1) for x in step["experiments"]) <= 2 for step in steps)
+    assert baselines[0] == baselines[1] and len(baselines[0]) == 2  # the same two runs, at once
+
+
 def test_a_step_of_two_runs_both_and_the_smaller_gain_is_superseded(store, paths):
     with _session(store, paths, PLANS / "eval-glm5-rtxpro6000x8.toml", parallel=2, executor=_local) as session:
         rows = _campaign(session, (None,))
-        calls = [part.get("args") for msg in store.messages(session.id) for part in json.loads(msg).get("parts", [])
-                 if part.get("tool_name") == "run_experiments" and part.get("args")]  # fmt: skip
+        steps = _steps(store, session)
         method = Method.read(store, session.id)
-    steps = [c if isinstance(c, dict) else json.loads(c) for c in calls]
     assert any(len(step["experiments"]) == 2 for step in steps), steps
     by_verdict = {r[3]: r for r in rows}
     adopted, superseded = by_verdict["adopted"], by_verdict["superseded"]
@@ -108,6 +127,8 @@ def test_the_guard_checks_a_step_as_a_whole_and_member_by_member(store, paths, s
         why = refusal(session, "run_experiments", {"experiments": [{"plan_item": "01"}]})
         assert why is not None and "documents" in why
         assert store.experiments(session.id) == []  # a refused step leaves nothing behind
+        # with an executor, servers never run in this process
+        assert "run_experiments" in (refusal(session, "launch_server", {"baseline": True}) or "")
 
 
 class _Remote:

@@ -255,6 +255,11 @@ class StepMember(BaseModel):
     experiment_id: int | None = Field(default=None, description="Rerun this experiment (adds a run to it).")
     flags: str | None = Field(default=None, description="Only the bounded crash retry: '--max-running-requests N'.")
     hypothesis: str = ""
+    runs: int = Field(
+        default=1,
+        ge=1,
+        description="Runs at once, each on its own server (2: the baseline's noise, or a change's confirming run).",
+    )
 
 
 class StepRow(BaseModel):
@@ -275,7 +280,8 @@ def run_experiments(ctx: RunContext[Session], experiments: list[StepMember]) -> 
     executor: a Ray cluster's free GPUs with `pivot run --ray ADDRESS --parallel N`, else this host one after
     another. Each member is what launch_server takes (a baseline, a plan item or a combined step on the best
     configuration, or experiment_id for a rerun) and obeys the same rules; at most the session's --parallel of them,
-    no item in two members. Returns when every one has ended, with the method's judgement of each against its
+    no item in two members; `runs` 2 runs a member twice at once (the baseline's two runs that measure the noise,
+    or a change and the run that confirms its gain), counting 2 of --parallel. Returns when every one has ended, with the method's judgement of each against its
     base. Then record_verdict each: judge the largest gain first (it becomes the best; a gain beside it that it
     beat is recorded superseded), and rerun gains inside the noise band (another run_experiments with their ids).
     """
@@ -290,11 +296,12 @@ def run_experiments(ctx: RunContext[Session], experiments: list[StepMember]) -> 
     recorded: list[m.Experiment] = []
     for member in experiments:
         method = Method.read(session.store, session.id)
-        e = record_step(session, method, **member.model_dump(exclude={"plan_items"}), plan_items=member.plan_items)
+        args = member.model_dump(exclude={"plan_items", "runs"})
+        e = record_step(session, method, **args, plan_items=member.plan_items)
         if any(x.id == e.id for x in recorded):
             raise ModelRetry(f"experiment {e.id} is named twice in this step")
         recorded.append(e)
-    entries = run_batch(session, recorded)
+    entries = run_batch(session, recorded, [member.runs for member in experiments])
     method = Method.read(session.store, session.id)
     rows = []
     for e, entry in zip(recorded, entries, strict=True):

@@ -49,33 +49,35 @@ def executor_of(session: Session) -> Executor:
     return LocalExecutor(ledger_for=lambda t: LedgerLink(session.store, session.id, t.experiment_id, session.paths))
 
 
-def run_batch(session: Session, experiments: Sequence[m.Experiment]) -> list[BatchEntry]:
-    """Run one run of each experiment (recorded already) on the session's executor; returns how each ended, in the
-    order given. Outcomes are written to the ledger as they land."""
+def run_batch(
+    session: Session, experiments: Sequence[m.Experiment], runs: Sequence[int] | None = None
+) -> list[BatchEntry]:
+    """Run each experiment (recorded already) `runs[i]` times at once (default once) on the session's executor, each
+    run on its own server; returns how each experiment ended, in the order given. Outcomes are written to the
+    ledger as they land."""
     store = session.store
     entries: dict[int, BatchEntry] = {}
     tasks: list[ExperimentTask] = []
-    for e in experiments:
-        task = _prepare(session, e, entries)
-        if task is not None:
-            tasks.append(task)
+    for i, e in enumerate(experiments):
+        tasks += _prepare(session, e, entries, runs[i] if runs else 1)
     executor = executor_of(session)
-    attempts = dict.fromkeys((t.experiment_id for t in tasks), 1)
+    attempts = dict.fromkeys(((t.experiment_id, t.run) for t in tasks), 1)
     pending = tasks
     try:
         while pending:
             lost: list[ExperimentTask] = []
             for outcome in executor.run(pending, lambda ev: _show(session, ev)):
-                eid = outcome.task.experiment_id
-                outcome.placement = outcome.placement.model_copy(update={"attempt": attempts[eid]})
-                entries[eid] = record_outcome(session, outcome)
-                if outcome.status == "lost" and attempts[eid] <= LOST_RERUNS:
-                    attempts[eid] += 1
+                key = (outcome.task.experiment_id, outcome.task.run)
+                outcome.placement = outcome.placement.model_copy(update={"attempt": attempts[key]})
+                entry = record_outcome(session, outcome)
+                entries[key[0]] = _merged(entries.get(key[0]), entry)
+                if outcome.status == "lost" and attempts[key] <= LOST_RERUNS:
+                    attempts[key] += 1
                     lost.append(outcome.task)
                     session.emit(
                         "warning",
-                        f"experiment {eid}: its task was lost ({outcome.message}); recorded interrupted, running it "
-                        f"again (attempt {attempts[eid]} of {LOST_RERUNS + 1})",
+                        f"{outcome.task.label}: its task was lost ({outcome.message}); recorded interrupted, running "
+                        f"it again (attempt {attempts[key]} of {LOST_RERUNS + 1})",
                     )
             pending = lost
     finally:
@@ -88,18 +90,27 @@ def run_batch(session: Session, experiments: Sequence[m.Experiment]) -> list[Bat
     return [entries[e.id or 0] for e in experiments]
 
 
+RANK = {"measured": 0, "failed": 1, "refused": 2, "interrupted": 3, "lost": 4}
+
+
+def _merged(old: BatchEntry | None, new: BatchEntry) -> BatchEntry:
+    """An experiment's entry over its runs: a measured run makes it measured; otherwise the last word stands."""
+    if old is None or RANK[new.status] <= RANK[old.status]:
+        return new
+    return old
+
+
 def _show(session: Session, event: TaskEvent) -> None:
     session.emit(event.kind, event.message)
 
 
-def _prepare(session: Session, e: m.Experiment, entries: dict[int, BatchEntry]) -> ExperimentTask | None:
-    """Audit `e` as a launch would and mark it running; the task that runs it, or None when the audit refused it
-    (recorded failed with the refusal's class, as launch_server records it)."""
+def _prepare(session: Session, e: m.Experiment, entries: dict[int, BatchEntry], n: int) -> list[ExperimentTask]:
+    """Audit `e` as a launch would and mark it running; the tasks of its next `n` runs, or none when the audit
+    refused it (recorded failed with the refusal's class, as launch_server records it)."""
     store = session.store
     eid = e.id or 0
     runs = len(store.bench_results(eid))
-    seed = session.settings.seed + 100 * eid + runs  # the serial path's seed for this run (tools/server.py)
-    engine = session.engine_for(seed)
+    engine = session.engine_for(session.settings.seed + 100 * eid + runs)
     issues = engine.validate(e.config)
     e = e.model_copy(update={"not_modelled": engine.not_modelled(e.config), "audit": issues})
     blocking = [i for i in issues if i.blocking]
@@ -111,7 +122,7 @@ def _prepare(session: Session, e: m.Experiment, entries: dict[int, BatchEntry]) 
         store.update_experiment(e.model_copy(update=update))
         session.emit("warning", f"experiment {eid}: not launched ({failure}): {reason[:200]}")
         entries[eid] = BatchEntry(eid, "refused", f"not launched: {reason}")
-        return None
+        return []
     store.update_experiment(
         e.model_copy(update={"status": "running", "started_at": e.started_at or m.utcnow(), "failure": None})
     )
@@ -119,23 +130,26 @@ def _prepare(session: Session, e: m.Experiment, entries: dict[int, BatchEntry]) 
 
     item = session.plan.item(e.plan_item) if e.plan_item in session.plan.item_ids() else None
     paths = session.paths
-    return ExperimentTask(
-        session_id=session.id,
-        experiment_id=eid,
-        run=runs + 1,
-        engine=session.record.engine,
-        engine_options=dict(session.settings.engine_options),
-        seed=seed,
-        config=e.config,
-        workload=e.workload,
-        gpus=engine.parallelism(e.config).gpus,
-        log_path=str(server_log_path(paths, session.id, engine.name, eid)),
-        raw_path=str(raw_run_file(session, eid, runs + 1)),
-        mark=server_mark(store.path, session.id),
-        ready_timeout_s=engine.ready_timeout_s,
-        profile=item is not None and item.kind == "profile",
-        profile_dir=str(paths.session_state_dir(session.id) / "profiles"),
-    )
+    return [
+        ExperimentTask(
+            session_id=session.id,
+            experiment_id=eid,
+            run=run,
+            engine=session.record.engine,
+            engine_options=dict(session.settings.engine_options),
+            seed=session.settings.seed + 100 * eid + run - 1,  # the serial path's seed for this run (tools/server.py)
+            config=e.config,
+            workload=e.workload,
+            gpus=engine.parallelism(e.config).gpus,
+            log_path=str(server_log_path(paths, session.id, engine.name, eid)),
+            raw_path=str(raw_run_file(session, eid, run)),
+            mark=server_mark(store.path, session.id),
+            ready_timeout_s=engine.ready_timeout_s,
+            profile=item is not None and item.kind == "profile" and run == runs + 1,
+            profile_dir=str(paths.session_state_dir(session.id) / "profiles"),
+        )
+        for run in range(runs + 1, runs + n + 1)
+    ]
 
 
 def record_outcome(session: Session, outcome: TaskOutcome) -> BatchEntry:
@@ -161,11 +175,14 @@ def record_outcome(session: Session, outcome: TaskOutcome) -> BatchEntry:
         update |= {"status": "finished", "failure": outcome.failure or e.failure, "finished_at": outcome.finished_at}
         if outcome.profile is not None:
             _record_profile(session, eid, outcome.profile)
+    elif outcome.status in ("failed", "refused") and store.bench_results(eid):  # another run of it was measured
+        update |= {"failure_detail": f"{task.label} did not start ({outcome.failure}): "
+                   f"{outcome.failure_detail or outcome.message}"[:500]}  # fmt: skip
     elif outcome.status in ("failed", "refused"):
         update |= {"status": "failed", "failure": outcome.failure or "unknown",
                    "failure_detail": (outcome.failure_detail or outcome.message)[:500] or None,
                    "finished_at": outcome.finished_at}  # fmt: skip
-    else:  # interrupted, lost: nothing measured to keep; a resume (or the driver, for lost) runs it again
+    elif not store.bench_results(eid):  # interrupted, lost: nothing measured to keep; it runs again
         update |= {"status": "interrupted"}
     store.update_experiment(e.model_copy(update=update))
     where = outcome.placement.host + (
@@ -178,7 +195,7 @@ def record_outcome(session: Session, outcome: TaskOutcome) -> BatchEntry:
         "interrupted": f"cut short: {outcome.message}",
         "lost": f"lost: {outcome.message}",
     }[outcome.status]
-    session.emit("tool_result" if outcome.status == "measured" else "warning", f"experiment {eid} on {where}: {text}")
+    session.emit("tool_result" if outcome.status == "measured" else "warning", f"{task.label} on {where}: {text}")
     return BatchEntry(eid, outcome.status, outcome.message or (outcome.failure_detail or ""), outcome.placement)
 
 

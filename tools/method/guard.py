@@ -30,6 +30,7 @@ Args = dict[str, Any]
 Check = Callable[["Method", Session, str, Args], "str | None"]
 
 MIN_QUESTION_CHARS = 12
+STEP_MEMBER = "__member_of_a_step"  # marks a run_experiments member checked by the launch rules
 MIN_OPTIONS = 1
 
 
@@ -189,14 +190,20 @@ def _check_one_change(method: Method, session: Session, tool: str, args: Args) -
 
 
 def _check_step(method: Method, session: Session, tool: str, args: Args) -> str | None:
+    if tool == "launch_server" and method.settings.executor is not None and not args.get(STEP_MEMBER):
+        return (
+            f"this session's servers run on its executor ({method.settings.executor}), not in this process: "
+            "run_experiments with this launch as its one member"
+        )
     if tool != "run_experiments":
         return None
     members = [dict(x) for x in (args.get("experiments") or []) if isinstance(x, dict)]
     parallel = method.settings.parallel
-    if len(members) > parallel:
+    runs = sum(max(int(x.get("runs") or 1), 1) for x in members)
+    if runs > parallel:
         return (
-            f"{len(members)} experiments in one step, but this session runs {parallel} at once (--parallel "
-            f"{parallel}): name at most {parallel}"
+            f"{runs} runs in one step, but this session runs {parallel} at once (--parallel {parallel}): name at "
+            f"most {parallel} (a member with runs=2 counts twice)"
         )
     seen: set[str] = set()
     for member in members:
@@ -259,6 +266,17 @@ def _check_question(method: Method, session: Session, tool: str, args: Args) -> 
 RULES: list[Rule] = [
     Rule("todo", "Keep a todo list (todo_write) that follows the plan: read the plan with plan_read."),
     Rule(
+        "step",
+        "With an executor (pivot run --ray ADDRESS --parallel N) servers run on it, never through launch_server: "
+        "run_experiments runs up to N experiments of one "
+        "step at once, each one change on the best configuration (or a rerun by experiment_id), no item in two of "
+        "them, runs=2 for a member's two runs at once (the baseline's noise, a change and its confirming run); each "
+        "member obeys the rules of a launch. Judge the step when it is in: the largest gain first (it becomes "
+        "the best); a gain it beat on the same base is recorded superseded; gains inside the noise are rerun "
+        "together.",
+        _check_step,
+    ),
+    Rule(
         "documents",
         "Write the improvement document of every plan item (write_improvement_doc) before the first experiment.",
         _check_documents,
@@ -289,15 +307,6 @@ RULES: list[Rule] = [
         "verdict not_measured, without launching (its numbers could not show the change: it needs a GPU). A code "
         "item is documented for the user; there is nothing to run.",
         _check_one_change,
-    ),
-    Rule(
-        "step",
-        "With an executor (pivot run --ray ADDRESS --parallel N), run_experiments runs up to N experiments of one "
-        "step at once, each one change on the best configuration (or a rerun by experiment_id), no item in two of "
-        "them; each member obeys the rules above. Judge the step when it is in: the largest gain first (it becomes "
-        "the best); a gain it beat on the same base is recorded superseded; gains inside the noise are rerun "
-        "together.",
-        _check_step,
     ),
     Rule(
         "verdict",
@@ -353,7 +362,9 @@ def refusal(session: Session, tool: str, args: Args) -> str | None:
     method = Method.read(session.store, session.id)
     calls = [(tool, args)]
     if tool == "run_experiments":  # the step's shape, then every member as the launch it stands for
-        calls += [("launch_server", dict(x)) for x in (args.get("experiments") or []) if isinstance(x, dict)]
+        calls += [
+            ("launch_server", {**x, STEP_MEMBER: True}) for x in (args.get("experiments") or []) if isinstance(x, dict)
+        ]
     for name, call_args in calls:
         for rule in checks:
             assert rule.check is not None
