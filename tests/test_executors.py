@@ -42,7 +42,9 @@ def _session(store: Store, paths: Paths, plan_ref: str | Path, *, parallel: int 
 
 
 def _local(store: Store, session: Session, paths: Paths) -> LocalExecutor:
-    return LocalExecutor(ledger_for=lambda t: LedgerLink(store, session.id, t.experiment_id, paths))
+    return LocalExecutor(
+        ledger_for=lambda t: LedgerLink(store, session.id, t.experiment_id, paths), engine_for=session.engine_for
+    )
 
 
 def _campaign(session: Session, answers: Sequence[str | None] = (None, "continue", "stop")) -> list[tuple]:

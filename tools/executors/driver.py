@@ -46,7 +46,10 @@ def executor_of(session: Session) -> Executor:
         return session.executor  # type: ignore[no-any-return]
     from tools.executors.local import LocalExecutor
 
-    return LocalExecutor(ledger_for=lambda t: LedgerLink(session.store, session.id, t.experiment_id, session.paths))
+    return LocalExecutor(
+        ledger_for=lambda t: LedgerLink(session.store, session.id, t.experiment_id, session.paths),
+        engine_for=session.engine_for,
+    )
 
 
 def run_batch(
