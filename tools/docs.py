@@ -193,8 +193,8 @@ def record_verdict(
     that changes nothing, such as the profile a profile item asks for) | not_measured (the engine does not model
     the flags the change touches, e.g. the twin and --enable-torch-compile: its numbers cannot show the change) |
     predicted (not launched: the twin, corrected to this campaign's measurements, predicts it inside the noise band
-    or at a loss) | superseded (it gained beyond the band on its base, but a change run beside it in the same step
-    gained more and became the best; judge the step's best gain first).
+    or at a loss) | superseded (it gained beyond the band on its base, but another change run beside it in the same
+    step became the best; judge the step's largest gain first).
     Give `experiment_id`; to rule out a plan item whose flags the engine refuses or ignores (every flag a no-op),
     without launching it, give `plan_item` and verdict ruled_out instead; for a plan item the engine does not
     model, `plan_item` and verdict not_measured (no launch is spent on it); to skip an item the twin predicts

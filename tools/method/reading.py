@@ -375,9 +375,7 @@ class Method:
             return "rerun"
         return "no_gain"
 
-    def _band_clause(
-        self, suggestion: Suggestion, change: float, band: float, noise: float | None, best_id: int | None
-    ) -> str:
+    def _band_clause(self, suggestion: Suggestion, change: float, band: float, noise: float | None) -> str:
         """How the change stands against the noise band, in words, for the judgement's text."""
         floor = self.settings.min_gain_pct
         why_band = f"measured noise {noise:.1f}%, floor {floor:g}%" if noise is not None else f"floor {floor:g}%"
@@ -388,13 +386,8 @@ class Method:
             )
         if suggestion in ("no_gain", "rerun"):
             return f", inside the {band:.1f}% noise band ({why_band})"
-        if suggestion == "adopted":
+        if suggestion in ("adopted", "superseded"):
             return f", beyond the {band:.1f}% noise band ({why_band})"
-        if suggestion == "superseded":
-            return (
-                f", beyond the {band:.1f}% noise band ({why_band}), but experiment {best_id}, tested beside it on the "
-                "same base, became the best since: not adopted on top of it (the search retests it there)"
-            )
         return ""
 
     def judge(self, e: m.Experiment) -> Judgement:
@@ -462,7 +455,14 @@ class Method:
         text = (
             f"{change:+.1f}% output tok/s at concurrency {c} ({_n(b)} -> {measured}; experiment {e.base_experiment_id} "
             f"-> {eid})"
-        ) + self._band_clause(suggestion, change, band, noise, best.id if moved and best is not None else None)
+        ) + self._band_clause(suggestion, change, band, noise)
+        if suggestion == "superseded" and best is not None:
+            bv = self.ok_values(best).get(c) or []
+            at = f" with {_n(sum(bv) / len(bv))} output tok/s at concurrency {c}" if bv else ""
+            text += (
+                f", but experiment {best.id}, run beside it, became the best{at}: not adopted (the search weighs it "
+                "again on the new best)"
+            )
         if noops:
             text += f"; {', '.join(noops)} {'is' if len(noops) == 1 else 'are'} accepted but read nowhere (no-op)"
         if unmodelled:
