@@ -44,12 +44,13 @@ def server_mark(db_path: Path | str, session_id: str) -> str:
     return f"{session_id}@{ledger}"
 
 
-def marked_processes(mark: str) -> list[int]:
-    """Running processes (not zombies) whose environment carries `MARK_VAR=mark` (only this user's are readable)."""
+def marked_processes(mark: str, var: str = MARK_VAR) -> list[int]:
+    """Running processes (not zombies) whose environment carries `var=mark` (only this user's are readable); `var`
+    is the server mark (PIVOT_SERVER_OF) unless another is named (a Ray task's PIVOT_TASK_OF)."""
     proc = Path("/proc")
     if not proc.is_dir():
         return []
-    needle = f"{MARK_VAR}={mark}".encode()
+    needle = f"{var}={mark}".encode()
     found = []
     for entry in proc.iterdir():
         if not entry.name.isdigit():

@@ -1,0 +1,266 @@
+"""The Ray executor on a local Ray instance (2 CPUs of this machine, 4 GPUs declared), running sim-http experiments.
+
+One instance serves the whole module (starting Ray takes seconds); the driver-kill test starts its own in a
+subprocess. The servers are real processes: the tests find them by the mark they carry in their environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray", reason="the Ray executor needs the pivot[ray] extra (pip install 'pivot[ray]')")
+
+from agent import models as m
+from agent.servers import marked_processes
+from tools.executors.base import ExperimentTask, TaskEvent, TaskOutcome
+from tools.executors.local import LocalExecutor
+from tools.executors.ray_cluster import RayExecutor
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = {"model_profile": "llama-3.3-70b-fp8", "hardware": "h200", "gpus": 8, "time_scale": 20.0, "startup_s": 0.5}
+TWIN = {k: v for k, v in FAST.items() if k in ("model_profile", "hardware", "gpus")}
+SLOW = {**FAST, "time_scale": 1.0}  # a sweep of a minute or more: long enough to kill it midway
+SHORT = m.BenchSpec(random_input_len=64, random_output_len=32, concurrency=[1, 8])
+LONG = m.BenchSpec(random_input_len=256, random_output_len=512, concurrency=[1, 2, 4])
+
+
+def make_task(tmp: Path, exp: int, *, gpus: int = 2, engine: str = "sim-http", options: dict | None = None,
+              workload: m.BenchSpec = SHORT, seed: int = 7) -> ExperimentTask:  # fmt: skip
+    return ExperimentTask(
+        session_id="ray-test",
+        experiment_id=exp,
+        run=1,
+        engine=engine,
+        engine_options=dict(FAST if options is None else options),
+        seed=seed,
+        config=m.ServerConfig.parse(f"--tp-size {gpus}"),
+        workload=workload,
+        gpus=gpus,
+        log_path=str(tmp / f"driver-{exp}.log"),
+        raw_path=str(tmp / f"driver-{exp}.jsonl"),
+        mark=f"ray-test-{os.getpid()}-{exp}-{time.monotonic_ns()}",
+        ready_timeout_s=60.0,
+    )
+
+
+def gone(mark: str, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not marked_processes(mark):
+            return True
+        time.sleep(0.2)
+    return not marked_processes(mark)
+
+
+def cuda_devices(mark: str) -> set[str]:
+    """CUDA_VISIBLE_DEVICES of the running processes that carry `mark` (the server and its children)."""
+    seen = set()
+    for pid in marked_processes(mark):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for item in env:
+            if item.startswith(b"CUDA_VISIBLE_DEVICES="):
+                seen.add(item.split(b"=", 1)[1].decode())
+    return seen
+
+
+@pytest.fixture(scope="module")
+def ray_executor(tmp_path_factory: pytest.TempPathFactory):
+    executor = RayExecutor("local", 2, num_gpus=4, temp_root=str(tmp_path_factory.mktemp("nodes")))
+    yield executor
+    executor.close()
+
+
+@pytest.fixture
+def tmp(tmp_path: Path, ray_executor: RayExecutor):
+    ray_executor.parallel = 2
+    return tmp_path
+
+
+def overlap(a: TaskOutcome, b: TaskOutcome) -> bool:
+    return a.started_at < b.finished_at and b.started_at < a.finished_at
+
+
+def test_describe_and_auth_stay_private(ray_executor: RayExecutor) -> None:
+    assert ray_executor.describe() == "a local Ray instance: 1 node, 4 GPUs; up to 2 experiments at once"
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")  # set by the executor while its instance runs (none was given)
+    assert os.environ.get("RAY_AUTH_MODE") == "token" and path and not path.startswith(str(Path.home()))
+    assert oct(Path(path).stat().st_mode & 0o777) == "0o600"
+
+
+def test_two_tasks_run_at_once_on_disjoint_gpus(tmp: Path, ray_executor: RayExecutor) -> None:
+    tasks = [make_task(tmp, 1), make_task(tmp, 2)]
+    seen: dict[int, set[str]] = {1: set(), 2: set()}
+
+    def on_event(event: TaskEvent) -> None:
+        if "server ready" in event.message:  # read the live server's own environment
+            seen[event.experiment_id] |= cuda_devices(tasks[event.experiment_id - 1].mark)
+
+    outcomes = {o.task.experiment_id: o for o in ray_executor.run(tasks, on_event)}
+    a, b = outcomes[1], outcomes[2]
+    assert a.status == b.status == "measured", (a.message, a.failure_detail, b.message, b.failure_detail)
+    assert overlap(a, b)
+    assert len(a.placement.gpu_ids) == len(b.placement.gpu_ids) == 2
+    assert not set(a.placement.gpu_ids) & set(b.placement.gpu_ids)
+    assert seen[1] == {",".join(a.placement.gpu_ids)} and seen[2] == {",".join(b.placement.gpu_ids)}
+    for o in (a, b):
+        assert o.placement.executor == "ray" and o.placement.node_id and o.placement.log_path
+        assert o.placement.log_path != o.task.log_path and Path(o.placement.log_path).is_file()
+        assert o.log_text and "ready" in o.log_text.lower()
+        assert o.raw_jsonl and len(o.raw_jsonl.strip().splitlines()) == 2
+        assert not Path(o.task.log_path).exists() and not Path(o.task.raw_path).exists()  # the driver's paths
+        assert [lv.max_concurrency for lv in o.bench.levels] == [1, 8]
+
+
+def test_parallel_one_runs_them_one_after_another(tmp: Path, ray_executor: RayExecutor) -> None:
+    ray_executor.parallel = 1
+    outcomes = list(ray_executor.run([make_task(tmp, 1), make_task(tmp, 2)], lambda e: None))
+    assert [o.status for o in outcomes] == ["measured", "measured"]
+    assert not overlap(outcomes[0], outcomes[1])
+
+
+def test_unschedulable_task_fails_at_once(tmp: Path, ray_executor: RayExecutor) -> None:
+    started = time.monotonic()
+    events: list[TaskEvent] = []
+    [outcome] = ray_executor.run([make_task(tmp, 1, gpus=8)], events.append)
+    assert time.monotonic() - started < 5
+    assert (outcome.status, outcome.failure) == ("failed", "unschedulable")
+    assert "needs 8 GPUs" in outcome.failure_detail and "has 4" in outcome.failure_detail
+    assert events and events[0].kind == "warning"
+
+
+def test_an_error_inside_the_task_is_a_failure(tmp: Path, ray_executor: RayExecutor) -> None:
+    [outcome] = ray_executor.run([make_task(tmp, 1, engine="no-such-engine")], lambda e: None)
+    assert (outcome.status, outcome.failure) == ("failed", "unknown")
+    assert "no-such-engine" in outcome.failure_detail and outcome.placement.host != "(not placed)"
+
+
+def test_same_seed_same_numbers_as_the_local_executor(tmp: Path, ray_executor: RayExecutor) -> None:
+    twin = make_task(tmp, 1, engine="sim", options={**TWIN, "noise": 0.05})
+    [here] = LocalExecutor().run([twin], lambda e: None)
+    [there] = ray_executor.run([twin], lambda e: None)
+    assert here.status == there.status == "measured"
+    assert [lv.model_dump(exclude={"date"}) for lv in here.bench.levels] == [
+        lv.model_dump(exclude={"date"}) for lv in there.bench.levels
+    ]
+    # sim-http serves the twin on the wall clock: both runs agree with the twin's numbers, or say that this loaded
+    # host fell behind the twin's clock (and are slower), as the campaign test allows (tests/test_agent.py)
+    [model] = LocalExecutor().run([make_task(tmp, 3, engine="sim", options=TWIN)], lambda e: None)
+    http = make_task(tmp, 2)
+    [here] = LocalExecutor().run([http], lambda e: None)
+    [there] = ray_executor.run([http], lambda e: None)
+    for run in (here, there):
+        assert run.status == "measured"
+        for level, want in zip(run.bench.levels, model.bench.levels, strict=True):
+            assert (level.completed, level.total_output_tokens) == (want.completed, want.total_output_tokens)
+            behind = [w for w in level.warnings if "behind the twin's clock" in w]
+            if behind:
+                assert level.output_throughput < want.output_throughput, behind
+            else:
+                assert level.output_throughput == pytest.approx(want.output_throughput, rel=0.25), run.placement
+
+
+def _until(predicate, within_s: float) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_killed_worker_is_lost_and_its_server_stopped(tmp: Path, ray_executor: RayExecutor) -> None:
+    task = make_task(tmp, 1, options=SLOW, workload=LONG)
+    killed: list[int] = []
+
+    def on_event(event: TaskEvent) -> None:
+        if "server ready" in event.message and not killed:
+            worker = int(re.search(r"Ray worker pid (\d+)", placed[0]).group(1))
+            assert marked_processes(task.mark)
+            os.kill(worker, signal.SIGKILL)
+            killed.append(worker)
+        if "Ray worker pid" in event.message:
+            placed.append(event.message)
+
+    placed: list[str] = []
+    [outcome] = ray_executor.run([task], on_event)
+    assert killed and outcome.status == "lost", (outcome.status, outcome.message)
+    assert "WorkerCrashedError" in outcome.message or "died" in outcome.message.lower()
+    assert outcome.placement.host != "(not placed)"
+    assert gone(task.mark, 15), "the keeper did not stop the server of the killed worker"
+
+
+def test_an_interrupt_stops_the_running_servers(tmp: Path, ray_executor: RayExecutor) -> None:
+    tasks = [make_task(tmp, 1, options=SLOW, workload=LONG), make_task(tmp, 2, options=SLOW, workload=LONG)]
+    ready: set[int] = set()
+
+    def on_event(event: TaskEvent) -> None:
+        if "server ready" in event.message:
+            ready.add(event.experiment_id)
+            if ready == {1, 2}:
+                raise KeyboardInterrupt  # as a Ctrl-C in the caller's thread
+
+    with pytest.raises(KeyboardInterrupt):
+        list(ray_executor.run(tasks, on_event))
+    for t in tasks:
+        assert not marked_processes(t.mark), f"{t.label}'s server outlived the interrupt"
+
+
+def test_closing_the_run_early_stops_the_running_server(tmp: Path, ray_executor: RayExecutor) -> None:
+    quick, slow = make_task(tmp, 1), make_task(tmp, 2, options=SLOW, workload=LONG)
+    run = ray_executor.run([quick, slow], lambda e: None)
+    first = next(run)
+    assert first.task.experiment_id == 1 and first.status == "measured"
+    assert _until(lambda: bool(marked_processes(slow.mark)), 30), "the second server never started"
+    run.close()  # the caller stops reading: what still runs is cancelled
+    assert not marked_processes(slow.mark), "the second server outlived the closed run"
+
+
+DRIVER = textwrap.dedent(
+    """
+    import sys, tempfile
+    from agent import models as m
+    from tools.executors.base import ExperimentTask
+    from tools.executors.ray_cluster import RayExecutor
+    mark, tmp = sys.argv[1], sys.argv[2]
+    task = ExperimentTask(session_id="ray-driver", experiment_id=1, run=1, engine="sim-http",
+        engine_options=dict(model_profile="llama-3.3-70b-fp8", hardware="h200", gpus=8, time_scale=1.0,
+                            startup_s=0.5),
+        seed=1, config=m.ServerConfig.parse("--tp-size 2"),
+        workload=m.BenchSpec(random_input_len=256, random_output_len=512, concurrency=[1, 2, 4]),
+        gpus=2, log_path=tmp + "/d.log", raw_path=tmp + "/d.jsonl", mark=mark, ready_timeout_s=60.0)
+    executor = RayExecutor("local", 1, num_gpus=2, temp_root=tmp)
+    for outcome in executor.run([task], lambda e: print(e.message, flush=True)):
+        print("OUTCOME", outcome.status, flush=True)
+    """
+)
+
+
+def test_a_killed_driver_leaves_no_server(tmp_path: Path) -> None:
+    mark = f"ray-driver-{os.getpid()}-{time.monotonic_ns()}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, mark, str(tmp_path)], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        assert _until(lambda: bool(marked_processes(mark)) or driver.poll() is not None, 60), "no server started"
+        assert driver.poll() is None, driver.stdout.read().decode()[-3000:] if driver.stdout else ""
+        time.sleep(1.0)
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait()
+        assert gone(mark, 20), "a server outlived the SIGKILLed driver"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)  # the driver's own Ray processes (its session)
+        driver.wait()
