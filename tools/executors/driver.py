@@ -169,7 +169,7 @@ def record_outcome(session: Session, outcome: TaskOutcome) -> BatchEntry:
         raw = Path(task.raw_path)
         if outcome.raw_jsonl is not None:
             _write(raw, outcome.raw_jsonl)
-        bench = outcome.bench
+        bench = outcome.bench.model_copy(update={"placement": outcome.placement})
         if raw.exists():
             bench = bench.model_copy(update={"raw_path": session.paths.relative(raw)})
         run_id = store.add_bench_result(eid, bench)
