@@ -23,7 +23,7 @@ ItemKind = Literal["flag", "config", "workload", "profile", "code"]
 # predicted: not launched because the twin, corrected to the campaign's own measurements, predicts the change inside
 # the noise band (or a loss): a prediction, not a measurement; the search may try the item later on a new best.
 # superseded: the change gained beyond the noise band on its base, but another change of the same step (run beside it
-# by an executor with --parallel) gained more and became the best; the search retests it on the new best.
+# by an executor with --parallel) became the best; the search weighs it again on the new best.
 Verdict = Literal[
     "baseline",
     "adopted",
