@@ -202,6 +202,28 @@ def test_a_killed_worker_is_lost_and_its_server_stopped(tmp: Path, ray_executor:
     assert gone(task.mark, 15), "the keeper did not stop the server of the killed worker"
 
 
+def test_a_task_whose_lease_is_gone_stops_its_server(tmp: Path, ray_executor: RayExecutor) -> None:
+    import ray
+
+    from tools.executors.ray_task import Lease
+
+    task = make_task(tmp, 1, options=SLOW, workload=LONG)
+    own, lease = ray_executor._lease, ray.remote(num_cpus=0)(Lease).remote()
+    ray_executor._lease = lease  # a lease of this test's own, killed as the driver's death would kill it
+
+    def on_event(event: TaskEvent) -> None:
+        if "server ready" in event.message:
+            assert marked_processes(task.mark)
+            ray.kill(lease)
+
+    try:
+        [outcome] = ray_executor.run([task], on_event)
+    finally:
+        ray_executor._lease = own
+    assert (outcome.status, outcome.failure) == ("failed", "unknown") and "DriverGone" in outcome.failure_detail
+    assert not marked_processes(task.mark)
+
+
 def test_an_interrupt_stops_the_running_servers(tmp: Path, ray_executor: RayExecutor) -> None:
     tasks = [make_task(tmp, 1, options=SLOW, workload=LONG), make_task(tmp, 2, options=SLOW, workload=LONG)]
     ready: set[int] = set()
