@@ -104,7 +104,7 @@ class RayExecutor:
         self._token_dir: str | None = None
         self._connect(num_gpus)
         try:
-            self._lease = self._ray.remote(num_cpus=0, max_restarts=0)(Lease).remote()
+            self._lease = self._new_lease()
             self._ray.get(self._lease.ping.remote(), timeout=60)
             self._remote = self._ray.remote(num_returns="streaming", max_retries=0, retry_exceptions=False)(task_body)
         except BaseException:
@@ -168,6 +168,14 @@ class RayExecutor:
         if self._token_dir is not None:
             shutil.rmtree(self._token_dir, ignore_errors=True)
             self._token_dir = None
+
+    def _new_lease(self) -> Any:
+        """The Lease actor, on this driver's own node: a lease on another node would die with that node, and every
+        task would take the driver for dead."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(node_id=self._ray.get_runtime_context().get_node_id(), soft=True)
+        return self._ray.remote(num_cpus=0, max_restarts=0, scheduling_strategy=here)(Lease).remote()
 
     # ---- the cluster
 
