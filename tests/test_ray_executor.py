@@ -132,13 +132,28 @@ def test_parallel_one_runs_them_one_after_another(tmp: Path, ray_executor: RayEx
 
 
 def test_unschedulable_task_fails_at_once(tmp: Path, ray_executor: RayExecutor) -> None:
+    ray_executor.parallel = 1
     started = time.monotonic()
     events: list[TaskEvent] = []
-    [outcome] = ray_executor.run([make_task(tmp, 1, gpus=8)], events.append)
+    run = ray_executor.run([make_task(tmp, 1), make_task(tmp, 2, gpus=8)], events.append)
+    outcome = next(run)  # before the first task, which runs first, has ended
     assert time.monotonic() - started < 5
-    assert (outcome.status, outcome.failure) == ("failed", "unschedulable")
+    assert (outcome.task.experiment_id, outcome.status, outcome.failure) == (2, "failed", "unschedulable")
     assert "needs 8 GPUs" in outcome.failure_detail and "has 4" in outcome.failure_detail
-    assert events and events[0].kind == "warning"
+    assert events[0].kind == "warning" and events[0].experiment_id == 2
+    assert [o.status for o in run] == ["measured"]
+
+
+def test_a_task_that_waits_for_gpus_is_told_and_runs_after(
+    tmp: Path, ray_executor: RayExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("tools.executors.ray_cluster.WAIT_NOTICE_S", 1.0)
+    events: list[TaskEvent] = []
+    first, second = ray_executor.run([make_task(tmp, 1, gpus=4), make_task(tmp, 2, gpus=4)], events.append)
+    assert first.status == second.status == "measured" and not overlap(first, second)
+    waiting = [e for e in events if "waiting for 4 free GPUs" in e.message]
+    assert len(waiting) == 1 and waiting[0].experiment_id == second.task.experiment_id
+    assert "0 of the cluster's 4 GPUs are free" in waiting[0].message
 
 
 def test_an_error_inside_the_task_is_a_failure(tmp: Path, ray_executor: RayExecutor) -> None:

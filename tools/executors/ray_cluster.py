@@ -50,6 +50,7 @@ from tools.executors.ray_task import Lease, Placed, placed_event, task_body
 CANCEL_WAIT_S = 20.0  # after ray.cancel, how long the driver waits for the tasks to stop their servers
 CONNECT_CHECK_S = 5.0  # a cluster address that accepts no TCP connection in this time is refused at once
 POLL_S = 0.25
+WAIT_NOTICE_S = 10.0  # a task Ray has not placed after this long waits for GPUs: the driver says so, once
 INSTALL_HINT = "pip install 'pivot[ray]'"
 AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
@@ -86,6 +87,8 @@ class _Running:
     stream: Any  # ray's ObjectRefGenerator
     reader: threading.Thread
     placed: list[Placed] = field(default_factory=list)
+    since: float = field(default_factory=time.monotonic)  # when it was submitted
+    noticed: bool = False  # whether the driver said it waits for GPUs
 
 
 class RayExecutor:
@@ -189,9 +192,8 @@ class RayExecutor:
         return (f"{where}: {len(nodes)} node{'s' if len(nodes) != 1 else ''}, {gpus:g} GPUs; "
                 f"up to {self.parallel} experiment{'s' if self.parallel != 1 else ''} at once")  # fmt: skip
 
-    def _unschedulable(self, task: ExperimentTask) -> TaskOutcome | None:
+    def _unschedulable(self, task: ExperimentTask, nodes: list[dict[str, Any]]) -> TaskOutcome | None:
         """A failed outcome when no alive node has the GPUs the task asks for (it would wait forever)."""
-        nodes = self._nodes()
         per_node = [float(n.get("Resources", {}).get("GPU", 0)) for n in nodes]
         largest = max(per_node, default=0.0)
         if task.gpus <= largest:
@@ -211,13 +213,21 @@ class RayExecutor:
         if self._closed:
             raise PivotError("this Ray executor was closed")
         inbox: queue.Queue[tuple[str, int, Any]] = queue.Queue()
-        pending = deque(enumerate(tasks))
+        pending: deque[tuple[int, ExperimentTask]] = deque()
         running: dict[int, _Running] = {}
+        nodes = self._nodes()
+        for key, task in enumerate(tasks):  # what no node can place fails at once, before anything runs
+            refused = self._unschedulable(task, nodes)
+            if refused is None:
+                pending.append((key, task))
+                continue
+            on_event(TaskEvent(task.experiment_id, f"{task.label}: not run: {refused.message}", "warning"))
+            yield refused
         try:
             while pending or running:
                 while pending and len(running) < self.parallel:
                     key, task = pending.popleft()
-                    refused = self._unschedulable(task)
+                    refused = self._unschedulable(task, self._nodes())  # a node may have died since
                     if refused is not None:
                         on_event(TaskEvent(task.experiment_id, f"{task.label}: not run: {refused.message}", "warning"))
                         yield refused
@@ -225,7 +235,11 @@ class RayExecutor:
                     running[key] = self._submit(key, task, inbox)
                 if not running:
                     continue
-                kind, key, item = self._next(inbox)
+                got = self._next(inbox)
+                if got is None:
+                    self._notice_waiting(running, on_event)
+                    continue
+                kind, key, item = got
                 if kind == "event":
                     on_event(item)
                 elif key in running:
@@ -234,6 +248,19 @@ class RayExecutor:
         finally:
             if running:
                 self._cancel(running, inbox)
+
+    def _notice_waiting(self, running: dict[int, _Running], on_event: EventCallback) -> None:
+        """Say once about each task that Ray has not placed after WAIT_NOTICE_S (its GPUs are busy)."""
+        now = time.monotonic()
+        waiting = [e for e in running.values() if not e.placed and not e.noticed and now - e.since > WAIT_NOTICE_S]
+        if not waiting:
+            return
+        free = self._ray.available_resources().get("GPU", 0.0)
+        total = self._ray.cluster_resources().get("GPU", 0.0)
+        for entry in waiting:
+            entry.noticed = True
+            on_event(TaskEvent(entry.task.experiment_id, f"{entry.task.label}: waiting for {entry.task.gpus} free "
+                               f"GPUs on one node ({free:g} of the cluster's {total:g} GPUs are free now)", "info"))  # fmt: skip
 
     def _submit(self, key: int, task: ExperimentTask, inbox: queue.Queue[tuple[str, int, Any]]) -> _Running:
         stream = self._remote.options(num_gpus=task.gpus, num_cpus=0).remote(task, self._lease, self.temp_root)
@@ -244,10 +271,12 @@ class RayExecutor:
         return entry
 
     @staticmethod
-    def _next(inbox: queue.Queue[tuple[str, int, Any]]) -> tuple[str, int, Any]:
-        while True:  # short waits, so a KeyboardInterrupt reaches this thread at once
-            with contextlib.suppress(queue.Empty):
-                return inbox.get(timeout=POLL_S)
+    def _next(inbox: queue.Queue[tuple[str, int, Any]]) -> tuple[str, int, Any] | None:
+        """The next event or outcome, or None after a short wait (so a KeyboardInterrupt reaches this thread)."""
+        try:
+            return inbox.get(timeout=POLL_S)
+        except queue.Empty:
+            return None
 
     def _read(self, key: int, entry: _Running, inbox: queue.Queue[tuple[str, int, Any]]) -> None:
         """A reader thread: the task's stream into the inbox, ending with exactly one outcome."""
