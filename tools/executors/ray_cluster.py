@@ -17,11 +17,13 @@ A KeyboardInterrupt in the caller, or the caller closing the generator, cancels 
 its server) and waits up to CANCEL_WAIT_S for them. A driver that dies without a word leaves no server: its
 `Lease` actor goes with it, which the tasks notice, and each task's keeper stops the servers of a killed worker.
 
-Authentication (Ray 2.60 enables token auth): a local instance this executor starts gets a token of its own,
-in a private temporary file (RAY_AUTH_TOKEN_PATH), unless RAY_AUTH_MODE or a token is set in the environment, so
-nothing under ~/.ray is read or written. To join a cluster, the driver uses whatever token the environment
-gives (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token); an explicit address needs RAY_AUTH_MODE=token
-when the cluster has token auth on.
+Authentication (Ray 2.60): a local instance this executor starts (`local`) gets a token of its own, in a private
+temporary file (RAY_AUTH_MODE=token, RAY_AUTH_TOKEN_PATH), unless RAY_AUTH_MODE or a token is already set in the
+environment, so nothing under ~/.ray is read or written. `ray start --head` turns token auth on only when a token
+exists on the head (~/.ray/auth_token, from `ray get-auth-token --generate`, or RAY_AUTH_TOKEN[_PATH]); then every
+worker node (`ray start --address=HEAD:6379`) and this driver need the same token and RAY_AUTH_MODE=token (`auto`
+turns it on by itself when a token is found; an explicit address does not). `ray://` addresses need the
+`ray[client]` package on the driver and the head.
 """
 
 from __future__ import annotations
@@ -135,7 +137,8 @@ class RayExecutor:
         if self.address != "auto" and (why := _reachable(self.address)) is not None:
             raise PivotError(
                 f"cannot reach the Ray cluster at {self.address}: {why}",
-                hint="start its head with `ray start --head` and pass its address (HOST:6379, or ray://HOST:10001)",
+                hint="start its head with `ray start --head` and pass its address: HOST:6379 (this host must be a node of "
+                "the cluster), or ray://HOST:10001 (needs ray[client] here and on the head)",
             )
         try:
             ray.init(address=self.address, log_to_driver=False, configure_logging=False)
