@@ -1,4 +1,4 @@
-"""The executors' parts that need no Ray cluster: the keeper of a task's servers, and the Ray executor's refusals."""
+"""The Ray executor's parts that need no Ray cluster: the keeper of a task's servers, and the Ray executor's refusals."""
 
 from __future__ import annotations
 
