@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -42,6 +41,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from agent import models as m
 from agent import reports
 from agent.session import Session
+from agent.steps import Call, Steps
 from tools import search
 from tools.experiments import unmeasurable_item
 from tools.method import Decision, Method, baseline_runs_needed, not_measured_text, understood
@@ -49,16 +49,7 @@ from tools.method import Decision, Method, baseline_runs_needed, not_measured_te
 PROMISING_FACTOR = 2.0  # a plan item is promising when it expects at least this times the noise floor
 
 
-@dataclass
-class Call:
-    """The next tool call, or the final text when there is none."""
-
-    tool: str | None
-    args: dict[str, Any] = field(default_factory=dict)
-    text: str = ""
-
-
-class Autopilot:
+class Autopilot(Steps):
     """The method as a deterministic policy over a session's ledger (see the module docstring)."""
 
     def __init__(self, session: Session) -> None:
@@ -85,8 +76,15 @@ class Autopilot:
     # ---- the policy
 
     def next_call(self, last: dict[str, tuple[dict[str, Any], Any]] | None = None) -> Call:
-        """The next step, from the ledger (`last`: the previous response's tool calls and their results)."""
-        last = last or {}
+        """The next step, from the ledger (`last`: the previous response's tool calls and their results). With an
+        executor (`pivot run --ray`), every launch is a step of run_experiments: its servers run where the executor
+        puts them, never in this process."""
+        call = self._next_call(last or {})
+        if self.session.settings.executor is not None and call.tool == "launch_server":
+            return Call("run_experiments", {"experiments": [{**call.args, "runs": self.runs_at_once(call.args)}]})
+        return call
+
+    def _next_call(self, last: dict[str, tuple[dict[str, Any], Any]]) -> Call:
         s = self.session
         store = s.store
         method = Method.read(store, s.id)
@@ -122,13 +120,9 @@ class Autopilot:
             return Call("write_improvement_doc", {"plan_item": missing[0].id})
 
         # 4. experiments measured but not judged
-        for e in method.experiments:
-            measured = e.status in ("finished", "failed") or (e.status == "interrupted" and method.run_count(e) > 0)
-            if e.verdict is not None or not measured:
-                continue
-            call = self.judge(method, e)
-            if call is not None:
-                return call
+        call = self.judge_step(method)
+        if call is not None:
+            return call
 
         # 5. documents out of date with the ledger
         for item in plan.items:
@@ -185,6 +179,12 @@ class Autopilot:
         return self.session.engine_for(self.session.settings.seed).validate(config)
 
     def take(self, method: Method, step: search.Step, last: dict[str, tuple[dict[str, Any], Any]]) -> Call:
+        parallel = self.session.settings.parallel
+        if step.action == "launch" and parallel > 1 and self.session.settings.executor is not None:
+            return self.take_many(method, step, last, parallel)
+        return self.take_one(method, step, last)
+
+    def take_one(self, method: Method, step: search.Step, last: dict[str, tuple[dict[str, Any], Any]]) -> Call:
         if step.action == "rule_out":
             return Call("record_verdict", {"plan_item": step.items[0], "verdict": "ruled_out", "reason": step.reason})
         if step.action == "predicted":

@@ -29,6 +29,8 @@ METHOD_SETTINGS = {
     "seed": "seed",
     "request_limit": "request_limit",
     "search": "search",
+    "parallel": "parallel",
+    "ray": "executor",
 }
 
 

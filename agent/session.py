@@ -301,6 +301,7 @@ class Session:
     events: EventSink = field(default=_discard)
     notices: list[str] = field(default_factory=list)
     live: LiveServer | None = None
+    executor: Any = None  # where experiments run when not in this process (tools/executors: a Ray cluster); None: here
 
     @property
     def settings(self) -> m.SessionSettings:
@@ -410,6 +411,8 @@ class Session:
         """Stop the server this process holds and release this process's lock on the session."""
         try:
             self.stop_live()
+            if self.executor is not None:
+                self.executor.close()
         finally:
             self.store.release_session(self.record.id)
 

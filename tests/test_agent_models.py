@@ -87,6 +87,7 @@ async def test_a_model_that_calls_every_tool_leaves_the_expected_rows(store, pat
             ("record_verdict", {"experiment_id": 1, "verdict": "baseline", "reason": "the reference"}),
             ("search_candidates", {}),
             ("stop_server", {}),
+            ("run_experiments", {"experiments": [{"experiment_id": 1}]}),  # the same run, through the executor
             ("microbench", {}),
             ("write_status_summary", {"question": "Go on with Tier 2?", "options": ["yes", "no"]}),
             ("ask_user", {"question": "Go on with Tier 2?", "options": ["yes", "no"]}),
@@ -101,14 +102,16 @@ async def test_a_model_that_calls_every_tool_leaves_the_expected_rows(store, pat
     assert [t.content for t in store.todos(sid)] == ["baseline", "FP8 KV"]
     (e,) = store.experiments(sid)
     assert e.kind == "baseline" and e.verdict == "baseline" and e.status == "finished"
-    (run,) = store.bench_results(e.id)
-    assert [lv.max_concurrency for lv in run.levels] == [1, 32, 128] and run.source == "simulated"
-    assert len(store.telemetry(e.id)) == 3
+    run, again = store.bench_results(e.id)  # launch_server + run_benchmark, then run_experiments
+    for r in (run, again):
+        assert [lv.max_concurrency for lv in r.levels] == [1, 32, 128] and r.source == "simulated"
+    assert again.placement is not None and again.placement.executor == "local"
+    assert len(store.telemetry(e.id)) == 6
     assert store.findings(sid, experiment_id=e.id)  # analyze and profile recorded evidence
     docs = store.documents(sid)
     assert {d.kind for d in docs} == {"improvement", "status"}
     pivot = store.open_pivot(sid)
-    assert pivot is not None and pivot.tool_call_id == "c21" and pivot.summary_path.endswith("status-001.md")
+    assert pivot is not None and pivot.tool_call_id == "c22" and pivot.summary_path.endswith("status-001.md")
     assert store.servers(sid, running_only=True) == [] and s.live is None
     assert store.messages(sid)  # the conversation is in the ledger
     errors = script.retried()

@@ -8,7 +8,6 @@ base (tools/method.py), so the verdict that follows rests on numbers the ledger 
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -17,6 +16,7 @@ from pydantic_ai import FunctionToolset, ModelRetry, RunContext
 from agent import models as m
 from agent.errors import PivotError
 from agent.session import LiveServer, Session
+from tools.experiments import raw_run_file
 from tools.method import Judgement, Method
 
 toolset: FunctionToolset[Session] = FunctionToolset(id="bench", max_retries=3)
@@ -61,24 +61,6 @@ def _power(t: m.Telemetry | None) -> float | None:
         return None
     watts = [g.power_w_mean for g in t.gpus if g.power_w_mean is not None]
     return round(sum(watts) / len(watts), 1) if watts else None
-
-
-def raw_run_file(session: Session, experiment_id: int, run: int) -> Path:
-    """state/<s>/bench/expNNN-runM.jsonl for a new run. A file already there is an attempt that never reached the
-    ledger (pivot was killed or interrupted mid-benchmark): it is moved aside as expNNN-runM.abandoned-K.jsonl, so
-    the run's file holds exactly the levels the ledger records."""
-    raw = session.paths.raw_dir(session.id)
-    raw.mkdir(parents=True, exist_ok=True)
-    path = raw / f"exp{experiment_id:03d}-run{run}.jsonl"
-    if path.exists():
-        k = 1
-        while (aside := raw / f"exp{experiment_id:03d}-run{run}.abandoned-{k}.jsonl").exists():
-            k += 1
-        path.rename(aside)
-        session.emit(
-            "warning", f"{session.paths.relative(path)} held an attempt that was cut short; moved to {aside.name}"
-        )
-    return path
 
 
 @toolset.tool

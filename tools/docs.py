@@ -193,7 +193,8 @@ def record_verdict(
     that changes nothing, such as the profile a profile item asks for) | not_measured (the engine does not model
     the flags the change touches, e.g. the twin and --enable-torch-compile: its numbers cannot show the change) |
     predicted (not launched: the twin, corrected to this campaign's measurements, predicts it inside the noise band
-    or at a loss).
+    or at a loss) | superseded (it gained beyond the band on its base, but another change run beside it in the same
+    step became the best; judge the step's largest gain first).
     Give `experiment_id`; to rule out a plan item whose flags the engine refuses or ignores (every flag a no-op),
     without launching it, give `plan_item` and verdict ruled_out instead; for a plan item the engine does not
     model, `plan_item` and verdict not_measured (no launch is spent on it); to skip an item the twin predicts
@@ -234,6 +235,19 @@ def record_verdict(
         return VerdictRecord(
             experiment_id=e.id or 0, plan_item=e.plan_item, verdict=verdict, reason=e.reason or "", judgement=j
         )
+    _check_verdict(e, verdict, j)
+    reason = reason.strip()
+    if verdict == "not_measured" and j.text not in reason:
+        reason = f"{j.text}. {reason}" if reason != j.text else reason
+    e = store.update_experiment(e.model_copy(update={"verdict": verdict, "reason": reason}))
+    session.emit("tool_result", f"experiment {e.id} ({e.plan_item or e.kind}): {verdict}: {reason}")
+    return VerdictRecord(
+        experiment_id=e.id or 0, plan_item=e.plan_item, verdict=verdict, reason=e.reason or "", judgement=j
+    )
+
+
+def _check_verdict(e: m.Experiment, verdict: m.Verdict, j: Judgement) -> None:
+    """Refuse (as a retry) a verdict the method's judgement `j` of `e` does not support."""
     if verdict == "baseline" and e.kind != "baseline":
         raise ModelRetry(f"experiment {e.id} is a {e.kind}, not a baseline")
     if e.kind == "baseline" and verdict not in ("baseline", "crashed", "ruled_out", "inconclusive"):
@@ -255,6 +269,12 @@ def record_verdict(
                 else ""
             )
         )
+    if verdict == "superseded" and j.suggestion != "superseded":
+        raise ModelRetry(
+            f"experiment {e.id} is not superseded (its base is still the best, or it gained nothing): {j.text}"
+        )
+    if verdict in ("no_gain", "regressed") and j.suggestion == "superseded":
+        raise ModelRetry(f"experiment {e.id} gained beyond the noise band on its base: record it superseded ({j.text})")
     if verdict == "no_gain" and j.suggestion == "rerun":
         raise ModelRetry(
             f"the gain is inside the noise band: rerun experiment {e.id} once more before judging ({j.text})"
@@ -263,14 +283,6 @@ def record_verdict(
         raise ModelRetry(f"experiment {e.id} did not regress: {j.text}")
     if verdict == "crashed" and j.suggestion != "crashed":
         raise ModelRetry(f"experiment {e.id} did not crash: {j.text}")
-    reason = reason.strip()
-    if verdict == "not_measured" and j.text not in reason:
-        reason = f"{j.text}. {reason}" if reason != j.text else reason
-    e = store.update_experiment(e.model_copy(update={"verdict": verdict, "reason": reason}))
-    session.emit("tool_result", f"experiment {e.id} ({e.plan_item or e.kind}): {verdict}: {reason}")
-    return VerdictRecord(
-        experiment_id=e.id or 0, plan_item=e.plan_item, verdict=verdict, reason=e.reason or "", judgement=j
-    )
 
 
 def check_plan_quietly(session: Session) -> None:

@@ -7,6 +7,8 @@ Used by the server and docs toolsets and the autopilot; a tool plugin never impo
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic_ai import ModelRetry
 
 from agent import models as m
@@ -97,3 +99,119 @@ def unmeasurable_item(session: Session, method: Method, plan_item: str) -> m.Exp
     if any(i.blocking for i in issues):
         return None
     return e.model_copy(update={"audit": issues})
+
+
+def raw_run_file(session: Session, experiment_id: int, run: int) -> Path:
+    """state/<s>/bench/expNNN-runM.jsonl for a new run. A file already there is an attempt that never reached the
+    ledger (pivot was killed or interrupted mid-benchmark): it is moved aside as expNNN-runM.abandoned-K.jsonl, so
+    the run's file holds exactly the levels the ledger records."""
+    raw = session.paths.raw_dir(session.id)
+    raw.mkdir(parents=True, exist_ok=True)
+    path = raw / f"exp{experiment_id:03d}-run{run}.jsonl"
+    if path.exists():
+        k = 1
+        while (aside := raw / f"exp{experiment_id:03d}-run{run}.abandoned-{k}.jsonl").exists():
+            k += 1
+        path.rename(aside)
+        session.emit(
+            "warning", f"{session.paths.relative(path)} held an attempt that was cut short; moved to {aside.name}"
+        )
+    return path
+
+
+def _reusable(
+    method: Method, items: list[str], kind: str, config: m.ServerConfig, workload: m.BenchSpec
+) -> m.Experiment | None:
+    """An experiment of the same items, kind, config and workload that never finished (interrupted by a kill):
+    relaunched in place, so a resumed campaign runs no experiment twice."""
+    for e in reversed(method.experiments):
+        if (
+            e.plan_items == items
+            and e.kind == kind
+            and e.status in ("planned", "running", "interrupted")
+            and e.verdict is None
+            and e.config == config
+            and e.workload == workload
+            and method.run_count(e) == 0
+        ):
+            return e
+    return None
+
+
+def record_step(
+    session: Session,
+    method: Method,
+    *,
+    plan_item: str | None = None,
+    plan_items: list[str] | None = None,
+    flags: str | None = None,
+    remove_flags: list[str] | None = None,
+    baseline: bool = False,
+    experiment_id: int | None = None,
+    hypothesis: str = "",
+) -> m.Experiment:
+    """The experiment a launch runs: experiment `experiment_id` again (a rerun), an unfinished one of the same step
+    (relaunched in place, so a resumed campaign runs nothing twice), else a new one recorded for the step (the
+    baseline, an item or a combined step on the best configuration, with the search's prediction)."""
+    store = session.store
+    if experiment_id is not None:
+        e = method.experiment(experiment_id)
+        if e is None:
+            raise ModelRetry(
+                f"no experiment {experiment_id} in this session; experiments: "
+                f"{', '.join(str(x.id) for x in method.experiments) or 'none'}"
+            )
+        if e.status == "failed" and method.run_count(e) == 0:
+            raise ModelRetry(f"experiment {experiment_id} never started ({e.failure}); there is nothing to rerun")
+    else:
+        items = step_items(plan_item, plan_items)
+        plan_item = items[0] if items else None
+        item = plan_item_of(method.plan, plan_item) if plan_item is not None else None
+        workload = item.workload_for(method.plan.workload) if item is not None else method.plan.workload
+        if baseline:
+            config = method.plan.target.base_config()
+            if flags or remove_flags:
+                config = proposed_config(method, None, flags, remove_flags)
+            kind: m.ExperimentKind = "baseline"
+            base_id = None
+            title = "baseline" if item is None else f"baseline for {item.id} on its workload"
+        else:
+            if item is None and not flags and not remove_flags:
+                raise ModelRetry("say what to launch: baseline=True, a plan_item, flags, or experiment_id to rerun")
+            if method.baseline(workload) is None:
+                raise ModelRetry(
+                    "measure the baseline on this workload first (launch_server with baseline=True"
+                    + (f" and plan_item={plan_item!r})" if item is not None and item.workload else ")")
+                )
+            config = proposed_config(method, None, flags, remove_flags, items)
+            kind = "change"
+            best = method.best(workload)
+            base_id = best.id if best is not None else None
+            if len(items) > 1:
+                title = " + ".join(f"{i} {plan_item_of(method.plan, i).title}" for i in items)
+            else:
+                title = item.title if item is not None else f"flags {flags or ''}".strip()
+        e = _reusable(method, items, kind, config, workload)
+        if e is None:
+            from tools import search
+
+            predicted = (
+                search.record_fields(method, items, baseline=kind == "baseline", config=config)
+                if kind == "change" or item is None
+                else {}
+            )
+            e = store.add_experiment(
+                session.id,
+                m.Experiment(
+                    plan_item=plan_item,
+                    plan_items=items,
+                    kind=kind,
+                    title=title,
+                    hypothesis=hypothesis or (item.hypothesis if item is not None else ""),
+                    config=config,
+                    base_experiment_id=base_id,
+                    workload=workload,
+                    **predicted,
+                ),
+            )
+    return e

@@ -40,7 +40,7 @@ TRIPLE_SEEDS = 4  # the best pairs grow into triples
 BUNDLE_MIN_PCT = 0.2  # an item joins the bundle of small gains when it adds at least this much (predicted)
 RETESTS = 1  # launches an item gets beyond its first, on a newer best
 SEARCH_KINDS = ("flag", "config")
-RETEST_VERDICTS = ("no_gain", "regressed", "predicted")
+RETEST_VERDICTS = ("no_gain", "regressed", "predicted", "superseded")
 
 
 # ---- the twin, cached
@@ -496,6 +496,32 @@ def next_step(method: Method, d: Decision, validate) -> Step | None:
         if c.estimate.source == "plan" and not method.done(plan.item(c.items[0])):
             return Step("launch", c.items, c.why, c)
     return None
+
+
+def next_steps(method: Method, d: Decision, validate, limit: int) -> list[Step]:
+    """The search's next step and, when it is a launch, up to `limit` launches in all that do not depend on each
+    other's outcome: the next candidates of the same kind (beyond the noise band, or ranked by the plan) on the same
+    best configuration, no item in two of them. An executor runs them at once (`--parallel`); the method judges
+    them when all are in. A step that is not a launch (a rule-out, a prediction) comes alone."""
+    first = next_step(method, d, validate)
+    if first is None or first.action != "launch" or limit <= 1 or first.candidate is None:
+        return [first] if first is not None else []
+    steps = [first]
+    used = set(first.items)
+    band = method.band_pct()
+    source = first.candidate.estimate.source
+    for c in candidates(method, d, Surrogate(method)):
+        if len(steps) >= limit:
+            break
+        if used & set(c.items) or c.estimate.source != source or c.estimate.crash:
+            continue
+        if source == "twin" and c.gain < band:
+            continue
+        if source == "plan" and any(method.done(method.plan.item(i)) for i in c.items):
+            continue
+        steps.append(Step("launch", c.items, c.why, c))
+        used |= set(c.items)
+    return steps
 
 
 def _promising(method: Method, item: m.PlanItem) -> bool:

@@ -15,9 +15,10 @@ from pydantic_ai import FunctionToolset, ModelRetry, RunContext
 
 from agent import models as m
 from agent.errors import LaunchFailed, PivotError
-from agent.session import Engine, LiveServer, Session
-from tools.experiments import REFUSAL_CLASS, audit_issues, plan_item_of, proposed_config, step_items
-from tools.method import Method
+from agent.session import LiveServer, Session
+from tools.executors.task import telling_line
+from tools.experiments import REFUSAL_CLASS, audit_issues, proposed_config, record_step
+from tools.method import Judgement, Method
 
 toolset: FunctionToolset[Session] = FunctionToolset(id="server", max_retries=3)
 
@@ -88,25 +89,6 @@ def audit_flags(
     return audit
 
 
-def _reusable(
-    method: Method, items: list[str], kind: str, config: m.ServerConfig, workload: m.BenchSpec
-) -> m.Experiment | None:
-    """An experiment of the same items, kind, config and workload that never finished (interrupted by a kill):
-    relaunched in place, so a resumed campaign runs no experiment twice."""
-    for e in reversed(method.experiments):
-        if (
-            e.plan_items == items
-            and e.kind == kind
-            and e.status in ("planned", "running", "interrupted")
-            and e.verdict is None
-            and e.config == config
-            and e.workload == workload
-            and method.run_count(e) == 0
-        ):
-            return e
-    return None
-
-
 @toolset.tool
 def launch_server(
     ctx: RunContext[Session],
@@ -133,68 +115,18 @@ def launch_server(
     stopped first. Then call run_benchmark, record_verdict, and stop_server.
     """
     session = ctx.deps
-    store = session.store
-    method = Method.read(store, session.id)
-    if experiment_id is not None:
-        e = method.experiment(experiment_id)
-        if e is None:
-            raise ModelRetry(
-                f"no experiment {experiment_id} in this session; experiments: "
-                f"{', '.join(str(x.id) for x in method.experiments) or 'none'}"
-            )
-        if e.status == "failed" and method.run_count(e) == 0:
-            raise ModelRetry(f"experiment {experiment_id} never started ({e.failure}); there is nothing to rerun")
-    else:
-        items = step_items(plan_item, plan_items)
-        plan_item = items[0] if items else None
-        item = plan_item_of(method.plan, plan_item) if plan_item is not None else None
-        workload = item.workload_for(method.plan.workload) if item is not None else method.plan.workload
-        if baseline:
-            config = method.plan.target.base_config()
-            if flags or remove_flags:
-                config = proposed_config(method, None, flags, remove_flags)
-            kind: m.ExperimentKind = "baseline"
-            base_id = None
-            title = "baseline" if item is None else f"baseline for {item.id} on its workload"
-        else:
-            if item is None and not flags and not remove_flags:
-                raise ModelRetry("say what to launch: baseline=True, a plan_item, flags, or experiment_id to rerun")
-            if method.baseline(workload) is None:
-                raise ModelRetry(
-                    "measure the baseline on this workload first (launch_server with baseline=True"
-                    + (f" and plan_item={plan_item!r})" if item is not None and item.workload else ")")
-                )
-            config = proposed_config(method, None, flags, remove_flags, items)
-            kind = "change"
-            best = method.best(workload)
-            base_id = best.id if best is not None else None
-            if len(items) > 1:
-                title = " + ".join(f"{i} {plan_item_of(method.plan, i).title}" for i in items)
-            else:
-                title = item.title if item is not None else f"flags {flags or ''}".strip()
-        e = _reusable(method, items, kind, config, workload)
-        if e is None:
-            from tools import search
-
-            predicted = (
-                search.record_fields(method, items, baseline=kind == "baseline", config=config)
-                if kind == "change" or item is None
-                else {}
-            )
-            e = store.add_experiment(
-                session.id,
-                m.Experiment(
-                    plan_item=plan_item,
-                    plan_items=items,
-                    kind=kind,
-                    title=title,
-                    hypothesis=hypothesis or (item.hypothesis if item is not None else ""),
-                    config=config,
-                    base_experiment_id=base_id,
-                    workload=workload,
-                    **predicted,
-                ),
-            )
+    method = Method.read(session.store, session.id)
+    e = record_step(
+        session,
+        method,
+        plan_item=plan_item,
+        plan_items=plan_items,
+        flags=flags,
+        remove_flags=remove_flags,
+        baseline=baseline,
+        experiment_id=experiment_id,
+        hypothesis=hypothesis,
+    )
     return _launch(session, method, e)
 
 
@@ -251,19 +183,11 @@ def _launch(session: Session, method: Method, e: m.Experiment) -> LaunchResult:
         failure = err.failure if isinstance(err, LaunchFailed) else deployment.failure or "unknown"
         tail = deployment.log_tail(15)
         deployment.stop()
-        _failed(session, e, failure, _telling_line(engine, tail) or err.message)
+        _failed(session, e, failure, telling_line(engine, tail) or err.message)
         return LaunchResult(status="failed", failure=failure, message=err.message, log_tail=tail, **common)
     session.live = LiveServer(deployment=deployment, experiment_id=eid, config=e.config, runs_at_start=runs)
     session.emit("info", f"experiment {eid}: server ready at {deployment.base_url}")
     return LaunchResult(status="ready", base_url=deployment.base_url, log_tail=deployment.log_tail(3), **common)
-
-
-def _telling_line(engine: Engine, tail: list[str]) -> str | None:
-    """The log line that says why, as the engine's crash classifier found it, else the last non-empty line."""
-    from tools.engines.failures import short_line
-
-    line = engine.diagnose(tail).line or next((x for x in reversed(tail) if x.strip()), None)
-    return short_line(line, 300) if line else None
 
 
 def _failed(session: Session, e: m.Experiment, failure: str, message: str) -> None:
@@ -320,3 +244,80 @@ def _state(session: Session) -> ServerState:
 def server_status(ctx: RunContext[Session]) -> ServerState:
     """The server this session holds: its experiment, URL, whether its process is alive, and its last log lines."""
     return _state(ctx.deps)
+
+
+class StepMember(BaseModel):
+    """One experiment of a step: what launch_server would take for it."""
+
+    plan_item: str | None = None
+    plan_items: list[str] | None = None
+    baseline: bool = False
+    experiment_id: int | None = Field(default=None, description="Rerun this experiment (adds a run to it).")
+    flags: str | None = Field(default=None, description="Only the bounded crash retry: '--max-running-requests N'.")
+    hypothesis: str = ""
+    runs: int = Field(
+        default=1,
+        ge=1,
+        description="Runs at once, each on its own server (2: the baseline's noise, or a change's confirming run).",
+    )
+
+
+class StepRow(BaseModel):
+    """How one experiment of the step ended, and the method's reading of it."""
+
+    experiment_id: int
+    plan_items: list[str]
+    status: str = Field(description="measured, failed (did not start), refused, interrupted or lost.")
+    config: str
+    where: str = Field(description="The host and GPUs it ran on.")
+    message: str = ""
+    judgement: Judgement | None = Field(default=None, description="Against its base; None when nothing was measured.")
+
+
+@toolset.tool
+def run_experiments(ctx: RunContext[Session], experiments: list[StepMember]) -> list[StepRow]:
+    """Run the experiments of one step at once, each on its own server (launch, benchmark, stop), on the session's
+    executor: a Ray cluster's free GPUs with `pivot run --ray ADDRESS --parallel N`, else this host one after
+    another. Each member is what launch_server takes (a baseline, a plan item or a combined step on the best
+    configuration, or experiment_id for a rerun) and obeys the same rules; at most the session's --parallel of them,
+    no item in two members; `runs` 2 runs a member twice at once (the baseline's two runs that measure the noise,
+    or a change and the run that confirms its gain), counting 2 of --parallel. Returns when every one has ended, with the method's judgement of each against its
+    base. Then record_verdict each: judge the largest gain first (it becomes the best; a gain beside it that it
+    beat is recorded superseded), and rerun gains inside the noise band (another run_experiments with their ids).
+    """
+    from tools.executors.driver import run_batch
+
+    session = ctx.deps
+    if not experiments:
+        raise ModelRetry("name at least one experiment")
+    stopped = session.stop_live()
+    if stopped is not None:
+        _mark_stopped(session, stopped)
+    recorded: list[m.Experiment] = []
+    for member in experiments:
+        method = Method.read(session.store, session.id)
+        args = member.model_dump(exclude={"plan_items", "runs"})
+        e = record_step(session, method, **args, plan_items=member.plan_items)
+        if any(x.id == e.id for x in recorded):
+            raise ModelRetry(f"experiment {e.id} is named twice in this step")
+        recorded.append(e)
+    entries = run_batch(session, recorded, [member.runs for member in experiments])
+    method = Method.read(session.store, session.id)
+    rows = []
+    for e, entry in zip(recorded, entries, strict=True):
+        now = method.experiment(e.id) or e
+        p = entry.placement
+        where = (p.host + (f" GPUs {','.join(p.gpu_ids)}" if p.gpu_ids else "")) if p is not None else "not launched"
+        measured = method.run_count(now) > 0
+        rows.append(
+            StepRow(
+                experiment_id=e.id or 0,
+                plan_items=now.plan_items,
+                status=entry.status,
+                config=str(now.config),
+                where=where,
+                message=entry.message[:300],
+                judgement=method.judge(now) if measured or now.status == "failed" else None,
+            )
+        )
+    return rows

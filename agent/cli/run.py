@@ -65,17 +65,24 @@ def _start(
     model_name = default_model(method["model"])
     if model_name != loop.AUTOPILOT:  # a missing key fails here, before a session is recorded for nothing
         loop.provider_model(model_name, method["model_base_url"])
-    session = Session.create(
-        home.store,
-        home.paths,
-        plan,
-        name=name or plan.name,
-        engine_name=engine,
-        model=model_name,
-        model_base_url=method["model_base_url"],
-        settings=settings,
-        events=Progress(method["quiet"]),
-    )
+    executor = _open_executor(settings, method.get("ray_gpus"))  # a cluster out of reach fails before a session
+    try:
+        session = Session.create(
+            home.store,
+            home.paths,
+            plan,
+            name=name or plan.name,
+            engine_name=engine,
+            model=model_name,
+            model_base_url=method["model_base_url"],
+            settings=settings,
+            events=Progress(method["quiet"]),
+        )
+    except BaseException:
+        if executor is not None:
+            executor.close()
+        raise
+    session.executor = executor
     err.print(f"session {session.id}: plan {plan.name}, engine {engine}, model {model_name}", highlight=False)
     with session:
         _install_signals()
@@ -179,6 +186,51 @@ def _take_edited_source(session: Session) -> None:
         _take_plan(session, edited)
 
 
+def _executor_options(resume: bool = False) -> list[Any]:
+    """--ray, --parallel and --ray-gpus: where experiments run (see tools/executors/)."""
+    return [
+        click.option(
+            "--ray",
+            "ray",
+            metavar="ADDRESS",
+            default=None,
+            help="Run each experiment as a task on the Ray cluster at ADDRESS (auto, HOST:6379, ray://HOST:10001; "
+            "local starts one on this host), on whichever node has its GPUs free. Needs pivot[ray]."
+            + (" `off` runs the rest here. Default: the session's." if resume else ""),
+        ),
+        click.option(
+            "--parallel",
+            type=click.IntRange(min=1),
+            default=None if resume else setting("parallel"),
+            show_default=not resume,
+            help="With --ray: run up to N independent experiments of one search step at once.",
+        ),
+        click.option(
+            "--ray-gpus",
+            type=click.IntRange(min=0),
+            default=None,
+            help="With --ray local: the GPUs the local instance offers (default: those Ray detects).",
+        ),
+    ]
+
+
+def _open_executor(settings: m.SessionSettings, ray_gpus: int | None) -> Any:
+    """The executor the settings name (None: this process), or a clear error before anything is launched."""
+    if settings.parallel > 1 and settings.executor is None:
+        raise PivotError(
+            f"--parallel {settings.parallel} runs experiments at once on a Ray cluster: give --ray ADDRESS",
+            hint="--ray local runs them side by side on this host's GPUs",
+        )
+    if ray_gpus is not None and settings.executor != "local":
+        raise PivotError("--ray-gpus applies to --ray local only (a cluster's nodes declare their own GPUs)")
+    from tools.executors import open_executor
+
+    executor = open_executor(settings.executor, settings.parallel, num_gpus=ray_gpus)
+    if executor is not None:
+        err.print(f"experiments run on {executor.describe()}", highlight=False)
+    return executor
+
+
 def _method_options(f: Any) -> Any:
     for decorator in reversed(
         [
@@ -233,6 +285,7 @@ def _method_options(f: Any) -> Any:
                 show_default=True,
                 help="Model requests per run before pivot stops it (resume goes on).",
             ),
+            *_executor_options(),
             click.option("--quiet", "-q", is_flag=True, help="No progress on stderr (warnings only)."),
             click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON on stdout."),
         ]
@@ -293,6 +346,31 @@ def run_cmd(
     _start(ctx, plan_ref, engine=engine, name=name, settings=settings, levels=levels, method=method)
 
 
+def _executor_options_for_resume(f: Any) -> Any:
+    for decorator in reversed(_executor_options(resume=True)):
+        f = decorator(f)
+    return f
+
+
+def _resume_executor(session: Session, ray: str | None, parallel: int | None, ray_gpus: int | None) -> None:
+    """The executor a resumed session goes on with: the one it was started with, unless --ray/--parallel say
+    otherwise (recorded, so the next resume goes on the same way)."""
+    settings = session.settings
+    update: dict[str, Any] = {}
+    if ray is not None:
+        update["executor"] = None if ray.lower() in ("off", "none", "here") else ray
+    if parallel is not None:
+        update["parallel"] = parallel
+    elif ray is not None and update["executor"] is None:
+        update["parallel"] = 1
+    if update:
+        settings = settings.model_copy(update=update)
+    session.executor = _open_executor(settings, ray_gpus)
+    if update and settings != session.settings:
+        session.store.set_session_settings(session.id, settings)
+        session.refresh()
+
+
 @click.command()
 @click.argument("session_ref", metavar="SESSION")
 @click.option(
@@ -309,6 +387,7 @@ def run_cmd(
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr (warnings only).")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON on stdout.")
+@_executor_options_for_resume
 @click.pass_context
 def resume(
     ctx: click.Context,
@@ -318,6 +397,9 @@ def resume(
     plan_ref: str | None,
     quiet: bool,
     as_json: bool,
+    ray: str | None,
+    parallel: int | None,
+    ray_gpus: int | None,
 ) -> None:
     """Resume a session where it stopped: answer its pivot, or go on after a kill (leftover servers are stopped).
 
@@ -352,6 +434,7 @@ def resume(
             return
         loop.resolve_model(session)
         _preflight(session.record.engine, session.plan)
+        _resume_executor(session, ray, parallel, ray_gpus)
         _install_signals()
         outcome = loop.run(session, answer=answer)
     _report(session, outcome, as_json)

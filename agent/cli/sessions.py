@@ -166,8 +166,12 @@ def _print_experiments(experiments: list[m.Experiment], change: Callable[[m.Expe
             reason = e.reason or ""
             if e.predicted_change_pct is not None and e.verdict != "predicted":
                 reason = f"{reason} [predicted {e.predicted_change_pct:+.1f}% before launch]".strip()
+            status = e.status
+            if (p := e.placement) is not None and p.executor != "local":  # where a cluster ran it
+                status += f" on {p.host}" + (f" GPUs {','.join(p.gpu_ids)}" if p.gpu_ids else "")
+                status += f" (attempt {p.attempt})" if p.attempt > 1 else ""
             table.add_row(
-                str(e.id), "+".join(e.plan_items), e.kind, change(e), e.status, best_text, e.verdict or "", reason
+                str(e.id), "+".join(e.plan_items), e.kind, change(e), status, best_text, e.verdict or "", reason
             )
         out.print(table)
     else:

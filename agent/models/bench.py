@@ -156,6 +156,19 @@ class BenchLevel(BaseModel):
 Source = Literal["measured", "simulated", "imported"]
 
 
+class Placement(_Model):
+    """Where an experiment's server ran: the executor, the host and GPUs it was given, and its log there."""
+
+    executor: str = Field(description="local (this process, one at a time) or ray (a task on a Ray cluster).")
+    host: str = Field(description="The host name of the node that ran the server.")
+    node_id: str | None = Field(default=None, description="The Ray node's id.")
+    gpu_ids: list[str] = Field(
+        default_factory=list, description="The GPUs it was given (CUDA_VISIBLE_DEVICES on that host), as ids."
+    )
+    log_path: str | None = Field(default=None, description="The server's log on that host, when not this one.")
+    attempt: int = Field(default=1, ge=1, description="1, or more when a lost node made the executor run it again.")
+
+
 class BenchResult(_Model):
     """A sweep: one BenchLevel per concurrency level, and where the numbers came from."""
 
@@ -167,6 +180,9 @@ class BenchResult(_Model):
     finished_at: datetime | None = None
     interrupted: bool = Field(default=False, description="True when the sweep was stopped before its last level.")
     raw_path: str | None = Field(default=None, description="JSONL of the levels, with bench_serving's keys.")
+    placement: Placement | None = Field(
+        default=None, description="Where the server of this run ran (an executor's task); None for this process."
+    )
 
     def level(self, concurrency: int) -> BenchLevel | None:
         """The level run at this max_concurrency, if any."""

@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from agent.models.audit import FlagIssue
 from agent.models.base import _Model, utcnow
-from agent.models.bench import BenchSpec
+from agent.models.bench import BenchSpec, Placement
 from agent.models.config import ServerConfig
 from agent.models.plans import Plan, Target, Verdict
 
@@ -32,19 +32,6 @@ class Todo(_Model):
 
 ExperimentKind = Literal["baseline", "change", "rerun", "prior", "imported"]
 ExperimentStatus = Literal["planned", "running", "finished", "failed", "interrupted"]
-
-
-class Placement(_Model):
-    """Where an experiment's server ran: the executor, the host and GPUs it was given, and its log there."""
-
-    executor: str = Field(description="local (this process, one at a time) or ray (a task on a Ray cluster).")
-    host: str = Field(description="The host name of the node that ran the server.")
-    node_id: str | None = Field(default=None, description="The Ray node's id.")
-    gpu_ids: list[str] = Field(
-        default_factory=list, description="The GPUs it was given (CUDA_VISIBLE_DEVICES on that host), as ids."
-    )
-    log_path: str | None = Field(default=None, description="The server's log on that host, when not this one.")
-    attempt: int = Field(default=1, ge=1, description="1, or more when a lost node made the executor run it again.")
 
 
 class Experiment(_Model):

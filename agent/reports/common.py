@@ -23,6 +23,7 @@ VERDICT_WORDS = {
     "measured": "measured (not a change)",
     "not_measured": "not measured (the twin does not model it)",
     "predicted": "not launched (the twin predicts no gain)",
+    "superseded": "gained, but another change run beside it became the best",
     None: "not judged",
 }
 CHANGE_FORMULA = "change = (after - before) / before x 100, per level"

@@ -137,6 +137,16 @@ def _intro(ledger: Ledger) -> list[str]:
         f"{w.random_output_len} tokens (range ratio {w.random_range_ratio:g})."
     )
     out = [intro, ""]
+    placed = [e.placement for e in ledger.experiments if e.placement is not None and e.placement.executor != "local"]
+    if placed:  # where a cluster ran them
+        hosts = sorted({p.host for p in placed})
+        at_once = record.settings.parallel
+        out += [
+            f"{len(placed)} experiment{'s' if len(placed) != 1 else ''} ran as {placed[0].executor.capitalize()} tasks on "
+            f"{', '.join(hosts)}, up to {at_once} run{'s' if at_once != 1 else ''} at once (`pivot show` gives each "
+            "one's host and GPUs).",
+            "",
+        ]
     if any(ledger.sources.get(e.id or 0) == "simulated" for e in ledger.experiments):
         out += [
             "Numbers from experiments marked simulated come from pivot's digital twin of SGLang, not from GPUs.",

@@ -12,7 +12,7 @@ from agent.store.rows import RowMap, _fit
 
 EXPERIMENTS = RowMap(m.Experiment, json=("plan_items", "config", "workload", "audit", "not_modelled", "placement"))
 # A sweep's levels and a level's GPUs have tables of their own: their rows are written and read explicitly.
-BENCH_RUNS = RowMap(m.BenchResult, json=("spec",), exclude=frozenset({"levels"}))
+BENCH_RUNS = RowMap(m.BenchResult, json=("spec", "placement"), exclude=frozenset({"levels"}))
 TELEMETRY = RowMap(m.Telemetry, json=("server_metrics",), exclude=frozenset({"gpus"}))
 GPU_COLUMNS = ("gpu", "power_w_mean", "power_w_max", "power_limit_w", "util_gpu_pct_mean", "energy_j")
 

@@ -363,8 +363,10 @@ def _m011_usage(db: Database) -> None:
 
 
 def _m012_placement(db: Database) -> None:
-    """Where an experiment's server ran when an executor placed it (a Ray task): host, GPUs, its log there."""
+    """Where an experiment's servers ran when an executor placed them (a Ray task): host, GPUs, the log there; per
+    run, and the experiment's last."""
     db["experiments"].add_column("placement_json", str)
+    db["bench_runs"].add_column("placement_json", str)
 
 
 MIGRATIONS: list[Migration] = [

@@ -108,6 +108,14 @@ class SessionsMixin(StoreCore):
                 "update sessions set model = ?, updated_at = ? where id = ?", [model, _ts(m.utcnow()), session_id]
             )
 
+    def set_session_settings(self, session_id: str, settings: m.SessionSettings) -> None:
+        """Go on with other settings from now on (`pivot resume --ray/--parallel`)."""
+        with self._write() as db:
+            db.execute(
+                "update sessions set settings_json = ?, updated_at = ? where id = ?",
+                [settings.model_dump_json(), _ts(m.utcnow()), session_id],
+            )
+
     def change_session_plan(self, session_id: str, plan: m.Plan, changes: list[str]) -> m.PlanChange:
         """Replace the session's plan with an edited one, and record what changed (the old plan is kept)."""
         change = m.PlanChange(session_id=session_id, source=plan.source, changes=changes)

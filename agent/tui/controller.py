@@ -115,6 +115,12 @@ class ChatController:
         self._require_none()
         record = self.store.get_session(ref)
         self.session = Session.open(self.store, self.paths, record.id, engine=self._engine(), events=self.emit)
+        if record.settings.executor is not None:  # its cancel reaches servers of this process only
+            self._say(
+                "warning",
+                f"session {record.id} runs its experiments on Ray ({record.settings.executor}); here they run on this "
+                f"host, one at a time (pivot resume {record.id} goes on on the cluster)",
+            )
         return self.session
 
     def create(self, plan_ref: str, *, demo: bool = False, model: str | None = None) -> Session:

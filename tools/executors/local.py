@@ -10,7 +10,7 @@ import socket
 from collections.abc import Callable, Iterator, Sequence
 
 from agent import models as m
-from agent.session import LedgerLink
+from agent.session import Engine, LedgerLink
 from tools.executors.base import EventCallback, ExperimentTask, TaskOutcome
 from tools.executors.task import gpu_ids, run_task
 
@@ -21,8 +21,13 @@ class LocalExecutor:
     name = "local"
     parallel = 1
 
-    def __init__(self, ledger_for: Callable[[ExperimentTask], LedgerLink | None] | None = None) -> None:
+    def __init__(
+        self,
+        ledger_for: Callable[[ExperimentTask], LedgerLink | None] | None = None,
+        engine_for: Callable[[int], Engine] | None = None,
+    ) -> None:
         self.ledger_for = ledger_for  # the driver's ledger link per task (its servers recorded as today)
+        self.engine_for = engine_for  # the driver's engine, seeded (Session.engine_for): the same object as today
 
     def describe(self) -> str:
         return f"this host ({socket.gethostname()}), one experiment at a time"
@@ -31,7 +36,8 @@ class LocalExecutor:
         for task in tasks:
             ledger = self.ledger_for(task) if self.ledger_for is not None else None
             placement = m.Placement(executor="local", host=socket.gethostname(), gpu_ids=gpu_ids())
-            yield run_task(task, on_event, ledger=ledger, placement=placement)
+            engine = self.engine_for(task.seed) if self.engine_for is not None else None
+            yield run_task(task, on_event, ledger=ledger, placement=placement, engine=engine)
 
     def close(self) -> None:
         pass

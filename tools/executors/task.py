@@ -47,10 +47,12 @@ def run_task(
     placement: m.Placement | None = None,
     log_path: Path | None = None,
     raw_path: Path | None = None,
+    engine: Engine | None = None,
 ) -> TaskOutcome:
     """Run `task` here; the server's log goes to `log_path` and the sweep's JSONL to `raw_path` (default: the
     task's own paths, which are the driver's). `ledger` records the server in the ledger (only the driver's process
-    has one); `placement` says where this is (default: this host, the local executor)."""
+    has one); `placement` says where this is (default: this host, the local executor); `engine` is the driver's
+    own engine seeded for the task (the local executor), else one is built from the task's name and options."""
     started = m.utcnow()
     place = placement or m.Placement(executor="local", host=socket.gethostname(), gpu_ids=gpu_ids())
     log = Path(log_path or task.log_path)
@@ -63,7 +65,7 @@ def run_task(
     def say(message: str, kind: str = "progress") -> None:
         emit(TaskEvent(task.experiment_id, f"{task.label}: {message}", kind))  # type: ignore[arg-type]
 
-    engine = load_engine(task.engine, **task.engine_options).with_seed(task.seed)
+    engine = engine or load_engine(task.engine, **task.engine_options).with_seed(task.seed)
     where = f" on {place.host}" + (f" (GPUs {','.join(place.gpu_ids)})" if place.gpu_ids else "")
     say(f"launching {engine.name}{where} with {task.config}")
     deployment: Deployment | None = None

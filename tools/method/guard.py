@@ -30,6 +30,7 @@ Args = dict[str, Any]
 Check = Callable[["Method", Session, str, Args], "str | None"]
 
 MIN_QUESTION_CHARS = 12
+STEP_MEMBER = "__member_of_a_step"  # marks a run_experiments member checked by the launch rules
 MIN_OPTIONS = 1
 
 
@@ -188,6 +189,33 @@ def _check_one_change(method: Method, session: Session, tool: str, args: Args) -
     return None
 
 
+def _check_step(method: Method, session: Session, tool: str, args: Args) -> str | None:
+    if tool == "launch_server" and method.settings.executor is not None and not args.get(STEP_MEMBER):
+        return (
+            f"this session's servers run on its executor ({method.settings.executor}), not in this process: "
+            "run_experiments with this launch as its one member"
+        )
+    if tool != "run_experiments":
+        return None
+    members = [dict(x) for x in (args.get("experiments") or []) if isinstance(x, dict)]
+    parallel = method.settings.parallel
+    runs = sum(max(int(x.get("runs") or 1), 1) for x in members)
+    if runs > parallel:
+        return (
+            f"{runs} runs in one step, but this session runs {parallel} at once (--parallel {parallel}): name at "
+            f"most {parallel} (a member with runs=2 counts twice)"
+        )
+    seen: set[str] = set()
+    for member in members:
+        rerun = member.get("experiment_id")
+        items = [f"experiment {rerun}"] if rerun is not None else _launch_items(method, member)
+        twice = [i for i in items if i in seen]
+        if twice:
+            return f"{', '.join(twice)} is named twice in one step: each member is its own experiment"
+        seen.update(items)
+    return None
+
+
 def _tier_finished_at(method: Method, tier: int) -> datetime | None:
     """When the tier's last item was settled, if every item of it is done (None otherwise, or with nothing run)."""
     items = method.plan.tier_items(tier)
@@ -237,6 +265,17 @@ def _check_question(method: Method, session: Session, tool: str, args: Args) -> 
 
 RULES: list[Rule] = [
     Rule("todo", "Keep a todo list (todo_write) that follows the plan: read the plan with plan_read."),
+    Rule(
+        "step",
+        "With an executor (pivot run --ray ADDRESS --parallel N) servers run on it, never through launch_server: "
+        "run_experiments runs up to N experiments of one "
+        "step at once, each one change on the best configuration (or a rerun by experiment_id), no item in two of "
+        "them, runs=2 for a member's two runs at once (the baseline's noise, a change and its confirming run); each "
+        "member obeys the rules of a launch. Judge the step when it is in: the largest gain first (it becomes "
+        "the best); a gain it beat on the same base is recorded superseded; gains inside the noise are rerun "
+        "together.",
+        _check_step,
+    ),
     Rule(
         "documents",
         "Write the improvement document of every plan item (write_improvement_doc) before the first experiment.",
@@ -303,7 +342,7 @@ RULES: list[Rule] = [
 ]
 
 
-GUARDED_TOOLS = frozenset({"launch_server", "record_verdict", "ask_user", "write_status_summary"})
+GUARDED_TOOLS = frozenset({"launch_server", "run_experiments", "record_verdict", "ask_user", "write_status_summary"})
 
 
 def method_text() -> str:
@@ -321,11 +360,17 @@ def refusal(session: Session, tool: str, args: Args) -> str | None:
         return None  # reads and measurements of a running server change nothing the method rules on
     checks = [r for r in RULES if r.check is not None]
     method = Method.read(session.store, session.id)
-    for rule in checks:
-        assert rule.check is not None
-        why = rule.check(method, session, tool, args)
-        if why is not None:
-            return f"refused by the method ({rule.key}): {why}"
+    calls = [(tool, args)]
+    if tool == "run_experiments":  # the step's shape, then every member as the launch it stands for
+        calls += [
+            ("launch_server", {**x, STEP_MEMBER: True}) for x in (args.get("experiments") or []) if isinstance(x, dict)
+        ]
+    for name, call_args in calls:
+        for rule in checks:
+            assert rule.check is not None
+            why = rule.check(method, session, name, call_args)
+            if why is not None:
+                return f"refused by the method ({rule.key}): {why}"
     return None
 
 

@@ -35,7 +35,16 @@ from agent.text import quote
 
 REFUSED_FAILURES = ("unrecognized-argument", "ambiguous-argument", "argument-validation")
 Suggestion = Literal[
-    "baseline", "adopted", "no_gain", "regressed", "crashed", "ruled_out", "not_measured", "rerun", "pending"
+    "baseline",
+    "adopted",
+    "no_gain",
+    "regressed",
+    "crashed",
+    "ruled_out",
+    "not_measured",
+    "rerun",
+    "pending",
+    "superseded",
 ]
 
 
@@ -352,6 +361,35 @@ class Method:
         unmodelled = set(e.not_modelled) | set(base.not_modelled if base is not None else [])
         return changed, [f for f in changed if f in unmodelled]
 
+    def _suggest(self, change: float, band: float, runs: int, moved: bool) -> Suggestion:
+        """The verdict a change of `change` % on `runs` runs suggests, by the rules in the module docstring."""
+        if change >= band and change > 0 and moved:
+            return "superseded"  # a change tested beside it gained more and became the best
+        if change >= band and change > 0 and self.settings.search and runs < 2:
+            return "rerun"  # one lucky run never becomes the bar: a second run confirms it
+        if change >= band and change > 0:
+            return "adopted"
+        if change <= -band:
+            return "regressed"
+        if change > 0 and runs < 1 + self.settings.reruns:
+            return "rerun"
+        return "no_gain"
+
+    def _band_clause(self, suggestion: Suggestion, change: float, band: float, noise: float | None) -> str:
+        """How the change stands against the noise band, in words, for the judgement's text."""
+        floor = self.settings.min_gain_pct
+        why_band = f"measured noise {noise:.1f}%, floor {floor:g}%" if noise is not None else f"floor {floor:g}%"
+        if suggestion == "rerun" and change >= band:
+            return (
+                f", beyond the {band:.1f}% noise band on one run ({why_band}): a second run confirms it before it "
+                "becomes the bar (the band applies to the mean)"
+            )
+        if suggestion in ("no_gain", "rerun"):
+            return f", inside the {band:.1f}% noise band ({why_band})"
+        if suggestion in ("adopted", "superseded"):
+            return f", beyond the {band:.1f}% noise band ({why_band})"
+        return ""
+
     def judge(self, e: m.Experiment) -> Judgement:
         """`e` against its base, by the rules in the module docstring."""
         eid = e.id or 0
@@ -406,35 +444,25 @@ class Method:
         runs = after[c]
         a = sum(runs) / len(runs)
         change = (a - b) / b * 100 if b > 0 else 0.0
-        confirm = self.settings.search and len(runs) < 2
-        if change >= band and change > 0 and confirm:
-            suggestion: Suggestion = "rerun"  # one lucky run never becomes the bar: a second run confirms it
-        elif change >= band and change > 0:
-            suggestion = "adopted"
-        elif change <= -band:
-            suggestion = "regressed"
-        elif change > 0 and len(runs) < 1 + self.settings.reruns:
-            suggestion = "rerun"
-        else:
-            suggestion = "no_gain"
+        best = self.best(e.workload)
+        moved = (  # another change was adopted since e was launched on its base (an executor ran them side by side)
+            best is not None and e.base_experiment_id is not None and best.id not in (e.id, e.base_experiment_id)
+        )
+        suggestion = self._suggest(change, band, len(runs), moved)
         measured = (
             f"{_n(a)}" if len(runs) == 1 else f"{_n(a)}, mean of {len(runs)} runs: {', '.join(_n(v) for v in runs)}"
         )
         text = (
             f"{change:+.1f}% output tok/s at concurrency {c} ({_n(b)} -> {measured}; experiment {e.base_experiment_id} "
             f"-> {eid})"
-        )
-        floor = self.settings.min_gain_pct
-        why_band = f"measured noise {noise:.1f}%, floor {floor:g}%" if noise is not None else f"floor {floor:g}%"
-        if suggestion == "rerun" and change >= band:
+        ) + self._band_clause(suggestion, change, band, noise)
+        if suggestion == "superseded" and best is not None:
+            bv = self.ok_values(best).get(c) or []
+            at = f" with {_n(sum(bv) / len(bv))} output tok/s at concurrency {c}" if bv else ""
             text += (
-                f", beyond the {band:.1f}% noise band on one run ({why_band}): a second run confirms it before it "
-                "becomes the bar (the band applies to the mean)"
+                f", but experiment {best.id}, run beside it, became the best{at}: not adopted (the search weighs it "
+                "again on the new best)"
             )
-        elif suggestion in ("no_gain", "rerun"):
-            text += f", inside the {band:.1f}% noise band ({why_band})"
-        elif suggestion == "adopted":
-            text += f", beyond the {band:.1f}% noise band ({why_band})"
         if noops:
             text += f"; {', '.join(noops)} {'is' if len(noops) == 1 else 'are'} accepted but read nowhere (no-op)"
         if unmodelled:
