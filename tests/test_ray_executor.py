@@ -24,7 +24,7 @@ from agent import models as m
 from agent.servers import marked_processes
 from tools.executors.base import ExperimentTask, TaskEvent, TaskOutcome
 from tools.executors.local import LocalExecutor
-from tools.executors.ray_cluster import RayExecutor
+from tools.executors.ray_cluster import AUTH_VARS, RayExecutor
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = {"model_profile": "llama-3.3-70b-fp8", "hardware": "h200", "gpus": 8, "time_scale": 20.0, "startup_s": 0.5}
@@ -78,9 +78,13 @@ def cuda_devices(mark: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def ray_executor(tmp_path_factory: pytest.TempPathFactory):
+    # whatever Ray settings this shell has (a cluster's address, its token) are not the test's
+    saved = {k: os.environ.pop(k) for k in [*AUTH_VARS, "RAY_ADDRESS"] if k in os.environ}
     executor = RayExecutor("local", 2, num_gpus=4, temp_root=str(tmp_path_factory.mktemp("nodes")))
     yield executor
     executor.close()
+    assert not any(k in os.environ for k in AUTH_VARS)  # the executor put back what it set
+    os.environ.update(saved)
 
 
 @pytest.fixture
@@ -271,7 +275,7 @@ DRIVER = textwrap.dedent(
     import sys, tempfile
     from agent import models as m
     from tools.executors.base import ExperimentTask
-    from tools.executors.ray_cluster import RayExecutor
+    from tools.executors.ray_cluster import AUTH_VARS, RayExecutor
     mark, tmp = sys.argv[1], sys.argv[2]
     task = ExperimentTask(session_id="ray-driver", experiment_id=1, run=1, engine="sim-http",
         engine_options=dict(model_profile="llama-3.3-70b-fp8", hardware="h200", gpus=8, time_scale=1.0,

@@ -128,7 +128,10 @@ class RayExecutor:
         if self.address == "local":
             self._private_token()
             try:
-                ray.init(num_gpus=num_gpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+                ray.init(  # "local": a new instance even where RAY_ADDRESS names a cluster
+                    address="local", num_gpus=num_gpus, include_dashboard=False, log_to_driver=False,
+                    configure_logging=False,
+                )  # fmt: skip
             except Exception as err:
                 self._restore_env()
                 raise PivotError(f"cannot start a local Ray instance: {err}", hint="see `ray status`") from err
