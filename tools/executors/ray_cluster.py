@@ -17,11 +17,13 @@ A KeyboardInterrupt in the caller, or the caller closing the generator, cancels 
 its server) and waits up to CANCEL_WAIT_S for them. A driver that dies without a word leaves no server: its
 `Lease` actor goes with it, which the tasks notice, and each task's keeper stops the servers of a killed worker.
 
-Authentication (Ray 2.60 enables token auth): a local instance this executor starts gets a token of its own,
-in a private temporary file (RAY_AUTH_TOKEN_PATH), unless RAY_AUTH_MODE or a token is set in the environment, so
-nothing under ~/.ray is read or written. To join a cluster, the driver uses whatever token the environment
-gives (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token); an explicit address needs RAY_AUTH_MODE=token
-when the cluster has token auth on.
+Authentication (Ray 2.60): a local instance this executor starts (`local`) gets a token of its own, in a private
+temporary file (RAY_AUTH_MODE=token, RAY_AUTH_TOKEN_PATH), unless RAY_AUTH_MODE or a token is already set in the
+environment, so nothing under ~/.ray is read or written. `ray start --head` turns token auth on only when a token
+exists on the head (~/.ray/auth_token, from `ray get-auth-token --generate`, or RAY_AUTH_TOKEN[_PATH]); then every
+worker node (`ray start --address=HEAD:6379`) and this driver need the same token and RAY_AUTH_MODE=token (`auto`
+turns it on by itself when a token is found; an explicit address does not). `ray://` addresses need the
+`ray[client]` package on the driver and the head.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from tools.executors.ray_task import Lease, Placed, placed_event, task_body
 CANCEL_WAIT_S = 20.0  # after ray.cancel, how long the driver waits for the tasks to stop their servers
 CONNECT_CHECK_S = 5.0  # a cluster address that accepts no TCP connection in this time is refused at once
 POLL_S = 0.25
+WAIT_NOTICE_S = 10.0  # a task Ray has not placed after this long waits for GPUs: the driver says so, once
 INSTALL_HINT = "pip install 'pivot[ray]'"
 AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
@@ -86,6 +89,8 @@ class _Running:
     stream: Any  # ray's ObjectRefGenerator
     reader: threading.Thread
     placed: list[Placed] = field(default_factory=list)
+    since: float = field(default_factory=time.monotonic)  # when it was submitted
+    noticed: bool = False  # whether the driver said it waits for GPUs
 
 
 class RayExecutor:
@@ -104,7 +109,7 @@ class RayExecutor:
         self._token_dir: str | None = None
         self._connect(num_gpus)
         try:
-            self._lease = self._ray.remote(num_cpus=0, max_restarts=0)(Lease).remote()
+            self._lease = self._new_lease()
             self._ray.get(self._lease.ping.remote(), timeout=60)
             self._remote = self._ray.remote(num_returns="streaming", max_retries=0, retry_exceptions=False)(task_body)
         except BaseException:
@@ -123,7 +128,10 @@ class RayExecutor:
         if self.address == "local":
             self._private_token()
             try:
-                ray.init(num_gpus=num_gpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+                ray.init(  # "local": a new instance even where RAY_ADDRESS names a cluster
+                    address="local", num_gpus=num_gpus, include_dashboard=False, log_to_driver=False,
+                    configure_logging=False,
+                )  # fmt: skip
             except Exception as err:
                 self._restore_env()
                 raise PivotError(f"cannot start a local Ray instance: {err}", hint="see `ray status`") from err
@@ -132,7 +140,8 @@ class RayExecutor:
         if self.address != "auto" and (why := _reachable(self.address)) is not None:
             raise PivotError(
                 f"cannot reach the Ray cluster at {self.address}: {why}",
-                hint="start its head with `ray start --head` and pass its address (HOST:6379, or ray://HOST:10001)",
+                hint="start its head with `ray start --head` and pass its address: HOST:6379 (this host must be a node of "
+                "the cluster), or ray://HOST:10001 (needs ray[client] here and on the head)",
             )
         try:
             ray.init(address=self.address, log_to_driver=False, configure_logging=False)
@@ -169,6 +178,14 @@ class RayExecutor:
             shutil.rmtree(self._token_dir, ignore_errors=True)
             self._token_dir = None
 
+    def _new_lease(self) -> Any:
+        """The Lease actor, on this driver's own node: a lease on another node would die with that node, and every
+        task would take the driver for dead."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(node_id=self._ray.get_runtime_context().get_node_id(), soft=True)
+        return self._ray.remote(num_cpus=0, max_restarts=0, scheduling_strategy=here)(Lease).remote()
+
     # ---- the cluster
 
     def _nodes(self) -> list[dict[str, Any]]:
@@ -181,9 +198,8 @@ class RayExecutor:
         return (f"{where}: {len(nodes)} node{'s' if len(nodes) != 1 else ''}, {gpus:g} GPUs; "
                 f"up to {self.parallel} experiment{'s' if self.parallel != 1 else ''} at once")  # fmt: skip
 
-    def _unschedulable(self, task: ExperimentTask) -> TaskOutcome | None:
+    def _unschedulable(self, task: ExperimentTask, nodes: list[dict[str, Any]]) -> TaskOutcome | None:
         """A failed outcome when no alive node has the GPUs the task asks for (it would wait forever)."""
-        nodes = self._nodes()
         per_node = [float(n.get("Resources", {}).get("GPU", 0)) for n in nodes]
         largest = max(per_node, default=0.0)
         if task.gpus <= largest:
@@ -203,13 +219,21 @@ class RayExecutor:
         if self._closed:
             raise PivotError("this Ray executor was closed")
         inbox: queue.Queue[tuple[str, int, Any]] = queue.Queue()
-        pending = deque(enumerate(tasks))
+        pending: deque[tuple[int, ExperimentTask]] = deque()
         running: dict[int, _Running] = {}
+        nodes = self._nodes()
+        for key, task in enumerate(tasks):  # what no node can place fails at once, before anything runs
+            refused = self._unschedulable(task, nodes)
+            if refused is None:
+                pending.append((key, task))
+                continue
+            on_event(TaskEvent(task.experiment_id, f"{task.label}: not run: {refused.message}", "warning"))
+            yield refused
         try:
             while pending or running:
                 while pending and len(running) < self.parallel:
                     key, task = pending.popleft()
-                    refused = self._unschedulable(task)
+                    refused = self._unschedulable(task, self._nodes())  # a node may have died since
                     if refused is not None:
                         on_event(TaskEvent(task.experiment_id, f"{task.label}: not run: {refused.message}", "warning"))
                         yield refused
@@ -217,7 +241,11 @@ class RayExecutor:
                     running[key] = self._submit(key, task, inbox)
                 if not running:
                     continue
-                kind, key, item = self._next(inbox)
+                got = self._next(inbox)
+                if got is None:
+                    self._notice_waiting(running, on_event)
+                    continue
+                kind, key, item = got
                 if kind == "event":
                     on_event(item)
                 elif key in running:
@@ -226,6 +254,19 @@ class RayExecutor:
         finally:
             if running:
                 self._cancel(running, inbox)
+
+    def _notice_waiting(self, running: dict[int, _Running], on_event: EventCallback) -> None:
+        """Say once about each task that Ray has not placed after WAIT_NOTICE_S (its GPUs are busy)."""
+        now = time.monotonic()
+        waiting = [e for e in running.values() if not e.placed and not e.noticed and now - e.since > WAIT_NOTICE_S]
+        if not waiting:
+            return
+        free = self._ray.available_resources().get("GPU", 0.0)
+        total = self._ray.cluster_resources().get("GPU", 0.0)
+        for entry in waiting:
+            entry.noticed = True
+            on_event(TaskEvent(entry.task.experiment_id, f"{entry.task.label}: waiting for {entry.task.gpus} free "
+                               f"GPUs on one node ({free:g} of the cluster's {total:g} GPUs are free now)", "info"))  # fmt: skip
 
     def _submit(self, key: int, task: ExperimentTask, inbox: queue.Queue[tuple[str, int, Any]]) -> _Running:
         stream = self._remote.options(num_gpus=task.gpus, num_cpus=0).remote(task, self._lease, self.temp_root)
@@ -236,10 +277,12 @@ class RayExecutor:
         return entry
 
     @staticmethod
-    def _next(inbox: queue.Queue[tuple[str, int, Any]]) -> tuple[str, int, Any]:
-        while True:  # short waits, so a KeyboardInterrupt reaches this thread at once
-            with contextlib.suppress(queue.Empty):
-                return inbox.get(timeout=POLL_S)
+    def _next(inbox: queue.Queue[tuple[str, int, Any]]) -> tuple[str, int, Any] | None:
+        """The next event or outcome, or None after a short wait (so a KeyboardInterrupt reaches this thread)."""
+        try:
+            return inbox.get(timeout=POLL_S)
+        except queue.Empty:
+            return None
 
     def _read(self, key: int, entry: _Running, inbox: queue.Queue[tuple[str, int, Any]]) -> None:
         """A reader thread: the task's stream into the inbox, ending with exactly one outcome."""
