@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("ray", reason="the Ray executor needs the pivot[ray] extra (pip install 'pivot[ray]')")
 
 from agent import models as m
-from agent.servers import marked_processes
+from agent.servers import group_members, marked_processes
 from tools.executors.base import ExperimentTask, TaskEvent, TaskOutcome
 from tools.executors.local import LocalExecutor
 from tools.executors.ray_cluster import AUTH_VARS, RayExecutor
@@ -302,6 +302,9 @@ def test_a_killed_driver_leaves_no_server(tmp_path: Path) -> None:
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait()
         assert gone(mark, 20), "a server outlived the SIGKILLed driver"
+        # nor any process of the local Ray instance it started (Ray's agents outlive a SIGKILLed driver: its keeper)
+        left = lambda: [p for p in group_members(driver.pid) if p != driver.pid]  # noqa: E731
+        assert _until(lambda: not left(), 30), [Path(f"/proc/{p}/cmdline").read_bytes()[:80] for p in left()]
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(driver.pid, signal.SIGKILL)  # the driver's own Ray processes (its session)

@@ -107,6 +107,10 @@ class RayExecutor:
         self._owns_instance = False
         self._saved_env: dict[str, str | None] = {}
         self._token_dir: str | None = None
+        self._local_keeper: Any = None  # the keeper of a local instance this executor started
+        self._local_dir: str | None = None  # its pids file's folder
+        self._pids_file: str | None = None
+        self._local_mark = ""
         self._connect(num_gpus)
         try:
             self._lease = self._new_lease()
@@ -127,6 +131,7 @@ class RayExecutor:
             )
         if self.address == "local":
             self._private_token()
+            self._watch_local_instance()
             try:
                 ray.init(  # "local": a new instance even where RAY_ADDRESS names a cluster
                     address="local", num_gpus=num_gpus, include_dashboard=False, log_to_driver=False,
@@ -136,6 +141,7 @@ class RayExecutor:
                 self._restore_env()
                 raise PivotError(f"cannot start a local Ray instance: {err}", hint="see `ray status`") from err
             self._owns_instance = True
+            self._list_local_instance()
             return
         if self.address != "auto" and (why := _reachable(self.address)) is not None:
             raise PivotError(
@@ -153,6 +159,33 @@ class RayExecutor:
                 "~/.ray/auth_token copied from the head) and RAY_AUTH_MODE=token",
             ) from err
 
+    def _watch_local_instance(self) -> None:
+        """Mark the processes of the local instance about to start (they inherit the environment) and start a keeper
+        that stops them if this process dies without closing it (a SIGKILL leaves Ray's agents running)."""
+        from tools.executors import keeper
+
+        mark = secrets.token_hex(8)
+        self._saved_env[keeper.LOCAL_RAY_VAR] = os.environ.get(keeper.LOCAL_RAY_VAR)
+        os.environ[keeper.LOCAL_RAY_VAR] = mark
+        self._local_dir = tempfile.mkdtemp(prefix="pivot-ray-local-")
+        self._pids_file = str(Path(self._local_dir) / "pids")
+        self._local_keeper = keeper.spawn(os.getpid(), mark, var=keeper.LOCAL_RAY_VAR, pids_file=self._pids_file)
+        self._local_mark = mark
+
+    def _list_local_instance(self) -> None:
+        """Write the local instance's processes (those marked and everything below them) for its keeper: Ray's agents
+        rename themselves, which wipes the mark they inherited from /proc."""
+        from agent.servers import marked_processes, proc_start
+        from tools.executors import keeper
+
+        if self._pids_file is None:
+            return
+        roots = [p for p in marked_processes(self._local_mark, keeper.LOCAL_RAY_VAR) if p != os.getpid()]
+        lines = [f"{pid} {proc_start(pid)}" for pid in keeper.descendants(roots) if proc_start(pid) is not None]
+        tmp = self._pids_file + ".tmp"
+        Path(tmp).write_text("\n".join(lines) + "\n")
+        os.replace(tmp, self._pids_file)
+
     def _private_token(self) -> None:
         """A token of this instance's own in a private file, unless the environment already decides auth."""
         if any(os.environ.get(v) for v in AUTH_VARS):
@@ -167,6 +200,14 @@ class RayExecutor:
         _reload_auth_config()
 
     def _restore_env(self) -> None:
+        if self._local_keeper is not None:  # the instance is shut down (or never started): nothing to stop
+            self._local_keeper.terminate()
+            with contextlib.suppress(Exception):
+                self._local_keeper.wait(5.0)
+            self._local_keeper = None
+        if self._local_dir is not None:
+            shutil.rmtree(self._local_dir, ignore_errors=True)
+            self._local_dir = self._pids_file = None
         for var, value in self._saved_env.items():
             if value is None:
                 os.environ.pop(var, None)
