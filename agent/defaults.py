@@ -31,6 +31,7 @@ METHOD_SETTINGS = {
     "search": "search",
     "parallel": "parallel",
     "ray": "executor",
+    "ray_gpus": "ray_gpus",
 }
 
 

@@ -65,7 +65,7 @@ def _start(
     model_name = default_model(method["model"])
     if model_name != loop.AUTOPILOT:  # a missing key fails here, before a session is recorded for nothing
         loop.provider_model(model_name, method["model_base_url"])
-    executor = _open_executor(settings, method.get("ray_gpus"))  # a cluster out of reach fails before a session
+    executor = _open_executor(settings)  # a cluster out of reach fails before a session is recorded
     try:
         session = Session.create(
             home.store,
@@ -209,23 +209,24 @@ def _executor_options(resume: bool = False) -> list[Any]:
             "--ray-gpus",
             type=click.IntRange(min=0),
             default=None,
-            help="With --ray local: the GPUs the local instance offers (default: those Ray detects).",
+            help="With --ray local: the GPUs the local instance offers (default: those Ray detects)"
+            + ("; default: the session's." if resume else "."),
         ),
     ]
 
 
-def _open_executor(settings: m.SessionSettings, ray_gpus: int | None) -> Any:
+def _open_executor(settings: m.SessionSettings) -> Any:
     """The executor the settings name (None: this process), or a clear error before anything is launched."""
     if settings.parallel > 1 and settings.executor is None:
         raise PivotError(
             f"--parallel {settings.parallel} runs experiments at once on a Ray cluster: give --ray ADDRESS",
             hint="--ray local runs them side by side on this host's GPUs",
         )
-    if ray_gpus is not None and settings.executor != "local":
+    if settings.ray_gpus is not None and settings.executor != "local":
         raise PivotError("--ray-gpus applies to --ray local only (a cluster's nodes declare their own GPUs)")
     from tools.executors import open_executor
 
-    executor = open_executor(settings.executor, settings.parallel, num_gpus=ray_gpus)
+    executor = open_executor(settings.executor, settings.parallel, num_gpus=settings.ray_gpus)
     if executor is not None:
         err.print(f"experiments run on {executor.describe()}", highlight=False)
     return executor
@@ -363,9 +364,13 @@ def _resume_executor(session: Session, ray: str | None, parallel: int | None, ra
         update["parallel"] = parallel
     elif ray is not None and update["executor"] is None:
         update["parallel"] = 1
+    if ray_gpus is not None:
+        update["ray_gpus"] = ray_gpus
+    elif ray is not None and update["executor"] != "local":
+        update["ray_gpus"] = None
     if update:
         settings = settings.model_copy(update=update)
-    session.executor = _open_executor(settings, ray_gpus)
+    session.executor = _open_executor(settings)
     if update and settings != session.settings:
         session.store.set_session_settings(session.id, settings)
         session.refresh()

@@ -193,6 +193,9 @@ class SessionSettings(_Model):
         default=None,
         description="Where experiments run: None in this process, else a Ray address (local starts one here).",
     )
+    ray_gpus: int | None = Field(
+        default=None, ge=0, description="With executor local: the GPUs the local Ray instance offers (None: detected)."
+    )
     search: bool = Field(
         default=True,
         description="The twin-guided search (tools/search.py: predicted candidates, combined steps, retests, no "
