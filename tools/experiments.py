@@ -215,3 +215,22 @@ def record_step(
                 ),
             )
     return e
+
+
+def refusal(issues: list[m.FlagIssue]) -> tuple[str, str] | None:
+    """(failure class, "not launched: why") when the audit's rows would stop a launch; None when it may start."""
+    blocking = [i for i in issues if i.blocking]
+    if not blocking:
+        return None
+    reason = "; ".join(f"{i.flag}: {i.message or i.status}" for i in blocking)
+    return REFUSAL_CLASS.get(blocking[0].status, "argument-validation"), f"not launched: {reason}"
+
+
+def record_failed(session: Session, e: m.Experiment, failure: str, message: str) -> None:
+    """Record that the experiment's server did not start: its class, and the words that say why."""
+    session.store.update_experiment(
+        e.model_copy(
+            update={"status": "failed", "failure": failure, "failure_detail": message[:500], "finished_at": m.utcnow()}
+        )
+    )
+    session.emit("warning", f"experiment {e.id}: did not start ({failure}): {message[:200]}")

@@ -500,9 +500,11 @@ def next_step(method: Method, d: Decision, validate) -> Step | None:
 
 def next_steps(method: Method, d: Decision, validate, limit: int) -> list[Step]:
     """The search's next step and, when it is a launch, up to `limit` launches in all that do not depend on each
-    other's outcome: the next candidates of the same kind (beyond the noise band, or ranked by the plan) on the same
-    best configuration, no item in two of them. An executor runs them at once (`--parallel`); the method judges
-    them when all are in. A step that is not a launch (a rule-out, a prediction) comes alone."""
+    other's outcome: the candidates the twin cannot rank against the first (predicted within the noise band of its
+    gain, so only a measurement tells them apart; or, unpredictable, ranked by the plan), on the same best
+    configuration, no item in two of them. An executor runs them at once (`--parallel`); the method judges them
+    when all are in. A candidate the twin ranks clearly below the first is left for a later step (it would most
+    likely be superseded), and a step that is not a launch (a rule-out, a prediction) comes alone."""
     first = next_step(method, d, validate)
     if first is None or first.action != "launch" or limit <= 1 or first.candidate is None:
         return [first] if first is not None else []
@@ -515,7 +517,7 @@ def next_steps(method: Method, d: Decision, validate, limit: int) -> list[Step]:
             break
         if used & set(c.items) or c.estimate.source != source or c.estimate.crash:
             continue
-        if source == "twin" and c.gain < band:
+        if source == "twin" and (c.gain < band or c.gain < first.candidate.gain - band):
             continue
         if source == "plan" and any(method.done(method.plan.item(i)) for i in c.items):
             continue

@@ -17,7 +17,7 @@ from agent import models as m
 from agent.errors import LaunchFailed, PivotError
 from agent.session import LiveServer, Session
 from tools.executors.task import telling_line
-from tools.experiments import REFUSAL_CLASS, audit_issues, proposed_config, record_step
+from tools.experiments import audit_issues, proposed_config, record_failed, record_step, refusal
 from tools.method import Judgement, Method
 
 toolset: FunctionToolset[Session] = FunctionToolset(id="server", max_retries=3)
@@ -152,12 +152,11 @@ def _launch(session: Session, method: Method, e: m.Experiment) -> LaunchResult:
         "base_experiment_id": e.base_experiment_id,
         "noop_flags": noops,
     }
-    blocking = [i for i in issues if i.blocking]
-    if blocking:
-        failure = REFUSAL_CLASS.get(blocking[0].status, "argument-validation")
-        reason = "; ".join(f"{i.flag}: {i.message or i.status}" for i in blocking)
-        _failed(session, e.model_copy(update={"audit": issues}), failure, f"not launched: {reason}")
-        return LaunchResult(status="refused", failure=failure, message=f"not launched: {reason}", **common)
+    refused = refusal(issues)
+    if refused is not None:
+        failure, message = refused
+        record_failed(session, e.model_copy(update={"audit": issues}), failure, message)
+        return LaunchResult(status="refused", failure=failure, message=message, **common)
     e = store.update_experiment(
         e.model_copy(
             update={"status": "running", "audit": issues, "started_at": e.started_at or m.utcnow(), "failure": None}
@@ -167,11 +166,11 @@ def _launch(session: Session, method: Method, e: m.Experiment) -> LaunchResult:
     try:
         deployment = launch_in_session(session, e.config, engine=engine, experiment_id=eid)
     except FlagsRefused as err:  # the engine's own audit disagreed with ours: record it the same way
-        _failed(session, e, "unrecognized-argument", err.message)
+        record_failed(session, e, "unrecognized-argument", err.message)
         return LaunchResult(status="refused", failure="unrecognized-argument", message=err.message, **common)
     except PivotError as err:
         failure = err.failure if isinstance(err, LaunchFailed) else "unknown"
-        _failed(session, e, failure, err.message)
+        record_failed(session, e, failure, err.message)
         return LaunchResult(status="failed", failure=failure, message=err.message, **common)
     if deployment.log_path is not None:
         e = store.update_experiment(e.model_copy(update={"log_path": session.paths.relative(deployment.log_path)}))
@@ -183,21 +182,11 @@ def _launch(session: Session, method: Method, e: m.Experiment) -> LaunchResult:
         failure = err.failure if isinstance(err, LaunchFailed) else deployment.failure or "unknown"
         tail = deployment.log_tail(15)
         deployment.stop()
-        _failed(session, e, failure, telling_line(engine, tail) or err.message)
+        record_failed(session, e, failure, telling_line(engine, tail) or err.message)
         return LaunchResult(status="failed", failure=failure, message=err.message, log_tail=tail, **common)
     session.live = LiveServer(deployment=deployment, experiment_id=eid, config=e.config, runs_at_start=runs)
     session.emit("info", f"experiment {eid}: server ready at {deployment.base_url}")
     return LaunchResult(status="ready", base_url=deployment.base_url, log_tail=deployment.log_tail(3), **common)
-
-
-def _failed(session: Session, e: m.Experiment, failure: str, message: str) -> None:
-    """Record that the experiment's server did not start: its class, and the words that say why."""
-    session.store.update_experiment(
-        e.model_copy(
-            update={"status": "failed", "failure": failure, "failure_detail": message[:500], "finished_at": m.utcnow()}
-        )
-    )
-    session.emit("warning", f"experiment {e.id}: did not start ({failure}): {message[:200]}")
 
 
 def _mark_stopped(session: Session, live: LiveServer) -> None:

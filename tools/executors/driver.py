@@ -24,7 +24,7 @@ from agent import models as m
 from agent.servers import server_mark
 from agent.session import LedgerLink, Session
 from tools.executors.base import Executor, ExperimentTask, TaskEvent, TaskOutcome
-from tools.experiments import REFUSAL_CLASS, raw_run_file
+from tools.experiments import raw_run_file, record_failed, refusal
 
 LOST_RERUNS = 2  # an experiment whose task was lost runs again at most this many times in the same step
 MAX_LOG_BYTES = 2 * 1024 * 1024
@@ -116,15 +116,10 @@ def _prepare(session: Session, e: m.Experiment, entries: dict[int, BatchEntry], 
     engine = session.engine_for(session.settings.seed + 100 * eid + runs)
     issues = engine.validate(e.config)
     e = e.model_copy(update={"not_modelled": engine.not_modelled(e.config), "audit": issues})
-    blocking = [i for i in issues if i.blocking]
-    if blocking:
-        failure = REFUSAL_CLASS.get(blocking[0].status, "argument-validation")
-        reason = "; ".join(f"{i.flag}: {i.message or i.status}" for i in blocking)
-        detail = f"not launched: {reason}"[:500]
-        update = {"status": "failed", "failure": failure, "failure_detail": detail, "finished_at": m.utcnow()}
-        store.update_experiment(e.model_copy(update=update))
-        session.emit("warning", f"experiment {eid}: not launched ({failure}): {reason[:200]}")
-        entries[eid] = BatchEntry(eid, "refused", f"not launched: {reason}")
+    refused = refusal(issues)
+    if refused is not None:
+        record_failed(session, e, *refused)
+        entries[eid] = BatchEntry(eid, "refused", refused[1])
         return []
     store.update_experiment(
         e.model_copy(update={"status": "running", "started_at": e.started_at or m.utcnow(), "failure": None})
