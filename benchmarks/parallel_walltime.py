@@ -5,8 +5,8 @@ Each mode runs the same plan from a fresh home with `pivot run` and the same ans
 server taking `--startup-s` seconds to start as a model load would). Printed side by side: the wall time of each
 tier (to its pivot), the launches and runs, the steps that ran several at once, and the best configuration found.
 
-    .venv/bin/python benchmarks/parallel_walltime.py                 # serial, --parallel 1, 2, 4 on 8 fake GPUs
-    .venv/bin/python benchmarks/parallel_walltime.py --parallel 2 --startup-s 10
+    .venv/bin/python benchmarks/parallel_walltime.py                 # serial, --parallel 2 and 4 on 8 fake GPUs
+    .venv/bin/python benchmarks/parallel_walltime.py --parallel 1 2 4 --startup-s 30
 
 Needs the ray extra (`pip install -e '.[ray]'`). The plan (benchmarks/parallel_plans/) is TP2 on an 8-GPU host, so
 four of its configurations fit at once. On a 2-core machine the HTTP clients of several servers share the cores:
@@ -85,10 +85,10 @@ def campaign(mode: str, args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plan", type=Path, default=PLAN)
-    parser.add_argument("--parallel", type=int, nargs="*", default=[1, 2, 4])
+    parser.add_argument("--parallel", type=int, nargs="*", default=[2, 4])
     parser.add_argument("--gpus", type=int, default=8, help="GPUs the local Ray instance declares")
-    parser.add_argument("--time-scale", type=float, default=20.0)
-    parser.add_argument("--startup-s", type=float, default=3.0)
+    parser.add_argument("--time-scale", type=float, default=1.0, help="higher falls behind on a 2-core host")
+    parser.add_argument("--startup-s", type=float, default=10.0, help="a server's start (a model load)")
     parser.add_argument("--tiers", type=int, default=2, help="tiers to run (one pivot each)")
     args = parser.parse_args()
     results = [campaign("serial", args)] + [campaign(f"parallel-{n}", args) for n in args.parallel]
