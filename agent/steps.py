@@ -33,14 +33,14 @@ class Steps:
 
     session: Session
 
-    def runs_at_once(self, launch: dict[str, Any]) -> int:
+    def runs_at_once(self, launch: dict[str, Any], method: Method | None = None) -> int:
         """Runs of one launch that an executor runs at once when --parallel leaves room: the baseline's runs that
         measure the noise, and a change with the run that confirms (or rejects) its gain, which the search asks for
         whenever a change gains. A profile, and a rerun of a change, run once."""
         parallel = self.session.settings.parallel
         if parallel < 2:
             return 1
-        method = Method.read(self.session.store, self.session.id)
+        method = method or Method.read(self.session.store, self.session.id)
         if launch.get("experiment_id") is not None:
             e = method.experiment(int(launch["experiment_id"]))
             if e is None or e.kind != "baseline":
@@ -70,7 +70,7 @@ class Steps:
             return self.take_one(method, step, last)
         free = parallel - len(members)  # room left: each change's confirming run, in the search's order
         for member in members:
-            extra = min(free, self.runs_at_once(member) - 1)
+            extra = min(free, self.runs_at_once(member, method) - 1)
             member["runs"] += extra
             free -= extra
         return Call("run_experiments", {"experiments": members})

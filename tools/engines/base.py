@@ -17,13 +17,16 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from agent import models as m
-from agent.session import Diagnosis, Engine, FlagAudit, Parallelism
+from agent.session import Diagnosis, Engine, FlagAudit, LedgerLink, Parallelism
 from tools.engines.catalog import Catalog, CatalogError, FlagSpec, audit, load_catalog
 from tools.engines.failures import COMMON_RULES, FailureRule, diagnose
 from tools.engines.process import DEFAULT_READY_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from tools.engines.http import HttpDeployment
 
 
 def argv_option(value: str | Sequence[str] | None) -> list[str]:
@@ -138,3 +141,52 @@ class CatalogEngine(BaseEngine):
         found = {key: _degree(values.get(dest)) or 1 for key, dest in self.parallel_dests.items()}
         within = bool(self.dp_within_tp_dest and values.get(self.dp_within_tp_dest))
         return Parallelism(**found, dp_within_tp=within)
+
+
+class ServerEngine(CatalogEngine):
+    """A catalog engine that launches its server as a process on this host (or behind a launch prefix) and speaks to
+    it over HTTP: SGLang and vLLM. `start` is their launch() once the flags are audited."""
+
+    env: dict[str, str]
+    cwd: Path | str | None
+    prefix: list[str]
+    stop_grace_s: float
+    health_path: str
+
+    def argv(self, config: m.ServerConfig) -> tuple[list[str], str, int]:
+        """The command line for `config`, and the host and port the server will listen on."""
+        raise NotImplementedError
+
+    def start(
+        self,
+        config: m.ServerConfig,
+        log_path: Path,
+        ledger: LedgerLink | None,
+        issues: list[m.FlagIssue],
+        **deployment: object,
+    ) -> HttpDeployment:
+        """Start the server for `config` (audited already into `issues`) as a ManagedServer and wrap it; behind a
+        launch prefix this host cannot see the socket's owner. `deployment`: the engine's own HttpDeployment options."""
+        from tools.engines.http import start_deployment
+        from tools.engines.process import url_for
+
+        argv, host, port = self.argv(config)
+        base_url = url_for(host, port)
+        return start_deployment(
+            argv,
+            log_path=log_path,
+            base_url=base_url,
+            engine=self.name,
+            health_url=base_url + self.health_path,
+            host=host,
+            env={**self.env, **config.env},
+            cwd=self.cwd,
+            ready_line=self.ready_line,
+            stop_grace_s=self.stop_grace_s,
+            owner_check=not self.prefix,
+            ledger=ledger,
+            failure_rules=self.failure_rules,
+            gauges=self.gauges,
+            audit=issues,
+            **deployment,
+        )

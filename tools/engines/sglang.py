@@ -23,16 +23,15 @@ from typing import ClassVar, Literal
 from agent import models as m
 from agent.errors import PivotError
 from agent.session import FlagAudit, LedgerLink
-from tools.engines.base import CatalogEngine
+from tools.engines.base import ServerEngine
 from tools.engines.catalog import CatalogError, FlagSpec
 from tools.engines.failures import ARGPARSE_RULES, PORT_RULE, RUNTIME_RULES, FailureRule, not_installed_rule
-from tools.engines.http import HttpDeployment, start_deployment
+from tools.engines.http import HttpDeployment
 from tools.engines.process import (
     DEFAULT_READY_TIMEOUT_S,
     DEFAULT_STOP_GRACE_S,
     FlagsRefused,
     free_port,
-    url_for,
 )
 
 VERSION = "0.5.23"
@@ -86,7 +85,7 @@ def argv_option(value: str | Sequence[str] | None) -> list[str]:
     return [str(v) for v in value]
 
 
-class SGLangEngine(CatalogEngine):
+class SGLangEngine(ServerEngine):
     """SGLang, launched as a process (`python -m sglang.launch_server` or `sglang serve`), audited and benchmarked."""
 
     catalog_engine = "sglang"
@@ -228,28 +227,15 @@ class SGLangEngine(CatalogEngine):
                 raise PivotError(
                     f"SGLang would refuse this command line: {e.message}", hint="give the model: --model-path PATH"
                 ) from e
-        argv, host, port = self.argv(config)
-        base_url = url_for(host, port)
-        return start_deployment(
-            argv,
-            log_path=log_path,
-            base_url=base_url,
-            engine=self.name,
-            health_url=base_url + self.health_path,
-            host=host,
-            env={**self.env, **config.env},
-            cwd=self.cwd,
-            ready_line=self.ready_line,
-            stop_grace_s=self.stop_grace_s,
-            owner_check=not self.prefix,
-            ledger=ledger,
-            failure_rules=self.failure_rules,
-            gauges=self.gauges,
+        return self.start(
+            config,
+            log_path,
+            ledger,
+            issues,
             source=self.source,
             backend="sglang",
             warmup_pause_s=self.warmup_pause_s,
             time_scale=self.time_scale,
-            audit=issues,
             auth_env=self.auth_env,
         )
 

@@ -23,11 +23,11 @@ from typing import ClassVar, Literal
 from agent import models as m
 from agent.errors import PivotError
 from agent.session import LedgerLink, Parallelism
-from tools.engines.base import CatalogEngine, argv_option
+from tools.engines.base import ServerEngine, argv_option
 from tools.engines.catalog import FlagSpec
 from tools.engines.failures import ARGPARSE_RULES, PORT_RULE, RUNTIME_RULES, FailureRule, not_installed_rule
-from tools.engines.http import HttpDeployment, start_deployment
-from tools.engines.process import DEFAULT_READY_TIMEOUT_S, DEFAULT_STOP_GRACE_S, FlagsRefused, free_port, url_for
+from tools.engines.http import HttpDeployment
+from tools.engines.process import DEFAULT_READY_TIMEOUT_S, DEFAULT_STOP_GRACE_S, FlagsRefused, free_port
 
 VERSION = "0.33.0"
 DEFAULT_HOST = "127.0.0.1"  # vLLM binds every interface when --host is not given; pivot binds loopback unless told
@@ -72,7 +72,7 @@ FAILURE_RULES: tuple[FailureRule, ...] = (
 )
 
 
-class VLLMEngine(CatalogEngine):
+class VLLMEngine(ServerEngine):
     """vLLM, launched as a process (`vllm serve` or its api_server module), audited and benchmarked over OpenAI's API.
 
     The audit is against the catalog of vLLM's own parser; benchmarks use /v1/completions (or chat)."""
@@ -174,25 +174,4 @@ class VLLMEngine(CatalogEngine):
         blocking = [issue for issue in issues if issue.blocking]
         if blocking and not (force or self.force):
             raise FlagsRefused(self.name, blocking)
-        argv, host, port = self.argv(config)
-        base_url = url_for(host, port)
-        return start_deployment(
-            argv,
-            log_path=log_path,
-            base_url=base_url,
-            engine=self.name,
-            health_url=base_url + self.health_path,
-            host=host,
-            env={**self.env, **config.env},
-            cwd=self.cwd,
-            ready_line=self.ready_line,
-            stop_grace_s=self.stop_grace_s,
-            owner_check=not self.prefix,
-            ledger=ledger,
-            failure_rules=self.failure_rules,
-            gauges=self.gauges,
-            backend="vllm",
-            endpoint=self.endpoint,
-            model=self.model,
-            audit=issues,
-        )
+        return self.start(config, log_path, ledger, issues, backend="vllm", endpoint=self.endpoint, model=self.model)
