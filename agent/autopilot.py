@@ -39,10 +39,9 @@ from pydantic_ai.messages import ModelMessage, ModelRequest, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from agent import models as m
-from agent import reports
 from agent.session import Session
 from agent.steps import Call, Steps
-from tools import search
+from tools import reports, search
 from tools.experiments import unmeasurable_item
 from tools.method import Decision, Method, baseline_runs_needed, not_measured_text, understood
 

@@ -430,7 +430,7 @@ def _prepare(
             )
             prompt = answer
     if "write_status_summary" in cut_short:  # killed while writing it: finish what it left half-done
-        from agent import reports
+        from tools import reports
 
         done = reports.complete_status(session)
         if done is not None:

@@ -6,7 +6,7 @@ that names the plugin and the cause; load all, warning about the ones that fail 
 - group `pivot.tools`: each entry point names a pydantic-ai toolset (usually a `FunctionToolset`),
   e.g. `todo = "tools.todo:toolset"`. Its tools' names and docstrings are what the model sees.
 - group `pivot.engines`: each entry point names an engine factory, a callable that builds an
-  `agent.session.Engine` (usually the engine class itself), e.g. `sim = "tools.engines.sim:SimEngine"`.
+  `agent.contracts.Engine` (usually the engine class itself), e.g. `sim = "tools.engines.sim:SimEngine"`.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent import models as m
-from tools.executors.base import ExperimentTask
+from agent.contracts import ExperimentTask
 from tools.executors.local import LocalExecutor
 
 

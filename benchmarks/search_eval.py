@@ -59,10 +59,12 @@ def _config(plan: m.Plan, ids: tuple[str, ...]) -> m.ServerConfig:
 
 def true_tok(plan: m.Plan, config: m.ServerConfig) -> float:
     """The noise-free twin's output tok/s at the workload's top level (0 when it does not start or crashes)."""
-    from tools.search import twin_reading
+    from tools.engines.sim.predictor import TwinPredictor
 
     t = plan.target
-    r = twin_reading(t.model_profile, t.hardware, t.gpus, config, plan.workload, max(plan.workload.concurrency))
+    r = TwinPredictor(str(t.model_profile), t.hardware, t.gpus).predict(
+        config, plan.workload, max(plan.workload.concurrency)
+    )
     return r.tok_s or 0.0
 
 

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from agent import loop, reports
+from agent import loop
 from agent import models as m
 from agent.plans import load_plan, parse_plan
 from agent.session import Paths, Session
 from agent.store import Store
+from tools import reports
 from tools.engines.sim.twin import Twin
 from tools.method import Method, interpret
 

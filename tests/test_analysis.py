@@ -8,11 +8,11 @@ import pytest
 
 from agent import models as m
 from agent.plans import load_plan
-from agent.reports import SessionRef
 from tests.twin_ledger import glm5_campaign, llama_campaign
 from tools.analysis import Roofline, analyze, best_experiment, check_plan, layout
 from tools.engines.sglang import SGLangEngine
 from tools.profiles import load_hardware, load_model
+from tools.reports import SessionRef
 
 
 @pytest.fixture
@@ -211,7 +211,7 @@ def test_the_root_cause_is_one_set_of_numbers_each_derived_figure_recomputed(glm
     """Every derived figure of the summary's root cause is recomputed from the figures printed beside it."""
     import re
 
-    from agent import reports
+    from tools import reports
 
     analyze(glm5)
     check_plan(glm5)

@@ -1,4 +1,6 @@
-"""The core (models, store, session, plugins) never imports tools/ or textual: the design's boundaries, checked."""
+"""The design's boundaries, checked: the layers (application > domain > core, by import-linter's contract in
+pyproject.toml), the core never importing tools/ or textual, plugins never importing each other, only the store
+writing SQL and only the reports writing under docs_out/."""
 
 from __future__ import annotations
 
@@ -13,10 +15,14 @@ ROOT = Path(__file__).resolve().parent.parent
 STORE = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "agent" / "store").glob("*.py"))
 CORE = [
     *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "agent" / "models").glob("*.py")),
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "agent" / "contracts").glob("*.py")),
     *STORE,
     "agent/session.py",
     "agent/plugins.py",
     "agent/servers.py",
+    "agent/errors.py",
+    "agent/text.py",
+    "agent/plans.py",
 ]
 FORBIDDEN = ("tools", "textual")
 
@@ -39,7 +45,7 @@ def test_core_module_source_does_not_import_tools_or_textual(module):
 
 def test_importing_the_core_loads_neither_tools_nor_textual():
     code = (
-        "import sys; import agent.models, agent.store, agent.session, agent.plugins; "
+        "import sys; import agent.models, agent.store, agent.session, agent.plugins, agent.contracts, agent.plans; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'tools', 'textual'}))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
@@ -143,7 +149,7 @@ def test_only_the_store_writes_sql():
 
 
 def test_only_the_reports_package_writes_under_docs_out():
-    """docs_out/ is reached through Paths.docs_dir/docs_root (agent/session.py defines them); only agent/reports/ asks."""
+    """docs_out/ is reached through Paths.docs_dir/docs_root (agent/session.py defines them); only tools/reports/ asks."""
     pattern = ("docs_dir(", "docs_root")
     users = {
         rel
@@ -151,7 +157,7 @@ def test_only_the_reports_package_writes_under_docs_out():
         if (rel := str(p.relative_to(ROOT))) != "agent/session.py" and any(s in p.read_text() for s in pattern)
     }
     assert users, "nothing writes under docs_out/: the rule checks nothing"
-    assert not [u for u in users if not u.startswith("agent/reports/")], sorted(users)
+    assert not [u for u in users if not u.startswith("tools/reports/")], sorted(users)
 
 
 # Size limits: no module over MAX_MODULE_LINES lines, no function over MAX_FUNCTION_LINES (a function's lines run
@@ -191,3 +197,63 @@ def test_the_size_checker_catches_a_long_module_and_a_long_function(tmp_path):
     (tmp_path / "pkg" / "small.py").write_text("def g():\n    return 1\n")
     found = size_offenders(["pkg"], root=tmp_path)
     assert found == [f"pkg/big.py: {MAX_FUNCTION_LINES + 1 + MAX_MODULE_LINES} lines", "pkg/big.py:1 f(): 101 lines"]
+
+
+# ---- the layers: import-linter's contract in pyproject.toml
+
+
+def _layers(root: Path = ROOT) -> list[list[str]]:
+    import tomllib
+
+    contracts = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    layers = next(c for c in contracts if c["id"] == "layers")["layers"]
+    return [[name.strip() for name in layer.replace("|", ":").split(":")] for layer in layers]
+
+
+def _lint_imports(cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    code = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
+    return subprocess.run(
+        [sys.executable, "-c", code, "--no-cache"], capture_output=True, text=True, timeout=120, cwd=cwd, env=env
+    )
+
+
+def test_the_layers_contract_is_kept():
+    proc = _lint_imports(ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "1 kept, 0 broken" in proc.stdout
+
+
+def test_every_module_of_agent_is_placed_in_a_layer():
+    """A new module of agent/ says whether it is the core or the application: the contract names it."""
+    application, domain, core = _layers()
+    assert domain == ["tools"]
+    placed = {name.split(".")[1] for name in application + core}
+    found = {
+        p.stem if p.is_file() else p.name
+        for p in (ROOT / "agent").iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())
+    }
+    found -= {"bundled_plans"}  # plans shipped as data (pyproject's package-dir), no code
+    assert not found - placed, f"place these in a layer of pyproject.toml's contract: {sorted(found - placed)}"
+    assert not placed - found, f"the contract names modules that do not exist: {sorted(placed - found)}"
+
+
+@pytest.mark.parametrize(
+    ("module", "planted", "arrow"),
+    [
+        ("tools/search.py", "import agent.loop\n", "tools.search -> agent.loop"),
+        ("agent/store/core.py", "from tools import search as _search\n", "agent.store.core -> tools.search"),
+    ],
+)
+def test_a_planted_import_that_runs_back_up_breaks_the_contract(tmp_path, module, planted, arrow):
+    import os
+    import shutil
+
+    for name in ("agent", "tools"):
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    target = tmp_path / module
+    target.write_text(target.read_text() + planted)
+    proc = _lint_imports(tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert "BROKEN" in proc.stdout and arrow in proc.stdout, proc.stdout[-3000:]

@@ -170,9 +170,9 @@ def test_tables_keep_numbers_whole_on_a_narrow_terminal():
 
 def test_show_the_summary_and_the_tui_give_the_same_figure(store, paths, small_plan, monkeypatch):
     """One figure per view: the mean of the runs at the best level, with the count (not the best single run)."""
-    from agent import reports
     from agent.tui.view import board
     from tests.factories import bench_level
+    from tools import reports
 
     monkeypatch.setenv("COLUMNS", "200")
     ids = _populate(store, small_plan)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent import models as m
-from agent.session import Diagnosis, Engine, FlagAudit, Parallelism, engine_names, load_engine
+from agent.contracts import Diagnosis, Engine, FlagAudit, Parallelism, engine_names, load_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 OPTIONS = {"command": {"command": "server --port {port}"}}

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from agent import models as m
+from agent.contracts import Deployment, Engine, load_engine
 from agent.errors import PivotError
 from agent.servers import pid_alive
-from agent.session import Deployment, Engine, Session, load_engine
+from agent.session import Session
 from agent.store import Store
 from tests.procs import gone
 from tools.engines.command import CommandEngine

@@ -16,8 +16,9 @@ from click.testing import CliRunner
 
 from agent import models as m
 from agent.cli import cli
+from agent.contracts import Engine, Parallelism, engine_names, load_engine
 from agent.plans import load_plan
-from agent.session import Engine, Parallelism, Session, engine_names, load_engine
+from agent.session import Session
 from tests.procs import gone
 from tools.analysis import layout
 from tools.engines.catalog import load_catalog

@@ -16,11 +16,11 @@ import pytest
 
 from agent import loop
 from agent import models as m
+from agent.contracts import EventCallback, ExperimentTask, LedgerLink, TaskOutcome
 from agent.defaults import session_settings
 from agent.plans import load_plan
-from agent.session import LedgerLink, Paths, Session
+from agent.session import Paths, Session
 from agent.store import Store
-from tools.executors.base import EventCallback, ExperimentTask, TaskOutcome
 from tools.executors.driver import LOST_RERUNS, run_batch
 from tools.executors.local import LocalExecutor
 from tools.executors.task import run_task

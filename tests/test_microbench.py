@@ -22,13 +22,13 @@ from agent import models as m
 from agent import plugins
 from agent.cli import cli
 from agent.plans import load_plan
-from agent.reports import SessionRef
 from agent.session import Session
 from tests.twin_ledger import llama_campaign
 from tools import gemm
 from tools import microbench as mb
 from tools.analysis import analyze
 from tools.profiles import load_hardware, load_model
+from tools.reports import SessionRef
 
 ROOT = Path(__file__).resolve().parent.parent
 CALIBRATION = ROOT / "scripts" / "calibration"

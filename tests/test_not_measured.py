@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 from pydantic_ai import ModelRetry
 
-from agent import loop, reports
+from agent import loop
 from agent import models as m
 from agent.plans import parse_plan
 from agent.session import Session
+from tools import reports
 from tools.engines.base import BaseEngine
 from tools.engines.command import CommandEngine
 from tools.engines.sglang import SGLangEngine, sim_http_engine

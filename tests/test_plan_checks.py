@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from agent import loop, reports
+from agent import loop
 from agent import models as m
 from agent.plans import load_plan
 from agent.session import Session
+from tools import reports
 
 
 def test_the_first_document_written_carries_the_plan_check_before_any_launch(store, paths):

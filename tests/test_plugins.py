@@ -148,7 +148,7 @@ def test_load_one_names_the_plugin_and_cause(plugin_site):
         """
         from agent import plugins
         from agent.errors import PluginError
-        from agent.session import load_engine
+        from agent.contracts import load_engine
         names = [p.name for p in plugins.available("pivot.tools")]
         import sys
         assert "pivot_broken" not in sys.modules and "pivot_hello" not in sys.modules, "listing must not import"

@@ -21,8 +21,8 @@ import pytest
 pytest.importorskip("ray", reason="the Ray executor needs the pivot[ray] extra (pip install 'pivot[ray]')")
 
 from agent import models as m
+from agent.contracts import ExperimentTask, TaskEvent, TaskOutcome
 from agent.servers import group_members, marked_processes
-from tools.executors.base import ExperimentTask, TaskEvent, TaskOutcome
 from tools.executors.local import LocalExecutor
 from tools.executors.ray_cluster import AUTH_VARS, RayExecutor
 
@@ -274,7 +274,7 @@ DRIVER = textwrap.dedent(
     """
     import sys, tempfile
     from agent import models as m
-    from tools.executors.base import ExperimentTask
+    from agent.contracts import ExperimentTask
     from tools.executors.ray_cluster import AUTH_VARS, RayExecutor
     mark, tmp = sys.argv[1], sys.argv[2]
     task = ExperimentTask(session_id="ray-driver", experiment_id=1, run=1, engine="sim-http",

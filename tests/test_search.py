@@ -10,6 +10,7 @@ import pytest
 from pydantic_ai import ModelRetry
 
 from agent import models as m
+from agent.contracts import Prediction
 from agent.session import Session
 from tests.factories import bench_level
 from tools import search
@@ -50,12 +51,23 @@ def fake_tok(config: m.ServerConfig) -> float:
     return tok
 
 
+class FakePredictor:
+    """A predictor of the contract (agent/contracts/predictor.py) reading `fake_tok`, or `read` when given."""
+
+    name = "a fake twin"
+
+    def __init__(self, read=None) -> None:
+        self.read = read
+
+    def predict(self, config, spec, level):
+        if self.read is not None:
+            return self.read(config, level)
+        return Prediction(bench_level(level, fake_tok(config)))
+
+
 @pytest.fixture
 def fake_twin(monkeypatch: pytest.MonkeyPatch) -> None:
-    def reading(model_profile, hardware, gpus, config, spec, level):
-        return search.TwinReading(fake_tok(config))
-
-    monkeypatch.setattr(search, "twin_reading", reading)
+    monkeypatch.setattr(search, "predictor_for", lambda method: FakePredictor())
 
 
 def make_plan(ids: list[str], tiers: dict[str, int] | None = None) -> m.Plan:
@@ -289,8 +301,8 @@ def test_search_stays_inside_opened_tiers_and_options_name_every_item(store, pat
 
 
 def test_retry_option_after_a_crash_under_load(store, paths, fake_twin) -> None:
-    from agent import reports
     from agent.autopilot import Autopilot
+    from tools import reports
 
     plan = make_plan(["07"])
     plan = plan.model_copy(update={"workload": m.BenchSpec(concurrency=[1, 256, TOP])})
@@ -349,7 +361,7 @@ def test_search_candidates_tool_gives_predictions_and_the_band(store, paths, fak
 
 
 def test_reports_name_every_item_of_a_combined_step_and_the_predictions(store, paths, fake_twin) -> None:
-    from agent import reports
+    from tools import reports
     from tools.docs import _predicted_item
 
     plan = make_plan(["01", "02", "08"])
@@ -376,12 +388,12 @@ def test_reports_name_every_item_of_a_combined_step_and_the_predictions(store, p
 
 
 def test_an_item_the_twin_says_would_not_start_is_not_launched(store, paths, monkeypatch) -> None:
-    def reading(model_profile, hardware, gpus, config, spec, level):
+    def reading(config, level):
         if "--mem-fraction-static 0.9" in str(config):
-            return search.TwinReading(None, crashed=True, error="the server would not start: out of memory")
-        return search.TwinReading(fake_tok(config))
+            return Prediction(crashed=True, error="the server would not start: out of memory")
+        return Prediction(bench_level(level, fake_tok(config)))
 
-    monkeypatch.setattr(search, "twin_reading", reading)
+    monkeypatch.setattr(search, "predictor_for", lambda method: FakePredictor(reading))
     s = session_for(store, paths, make_plan(["02"]))
     baseline(store, s)
     method = Method.read(store, s.id)

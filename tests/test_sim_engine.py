@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent import models as m
-from agent.session import Deployment, Engine, load_engine
+from agent.contracts import Deployment, Engine, load_engine
 from tools.engines.sim.engine import SimLaunchError
 
 FLAGS = "--model-path lukealonso/GLM-5-NVFP4 --tp-size 8"

@@ -146,7 +146,7 @@ def test_sparkline_scales_to_the_limit():
 
 
 def test_a_cancelled_step_refuses_engine_calls_and_the_wrappers_keep_the_contract(tmp_path):
-    from agent.session import Deployment, Engine
+    from agent.contracts import Deployment, Engine
     from tools.engines.sim.engine import SimEngine
 
     canceller = Canceller()

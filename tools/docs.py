@@ -2,7 +2,7 @@
 
 Verdicts go through the method's rules (tools/method.py): nothing inside the measured noise is adopted, a gain
 inside it is rerun before it is called no gain, and an item whose flags the engine refuses is ruled out without
-launching. Documents are rendered from the ledger by agent/reports/; these tools only ask for them.
+launching. Documents are rendered from the ledger by tools/reports/; these tools only ask for them.
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ from pydantic import BaseModel, Field
 from pydantic_ai import FunctionToolset, ModelRetry, RunContext
 
 from agent import models as m
-from agent import reports
 from agent.errors import PivotError
 from agent.session import Session
-from tools import search
+from tools import reports, search
 from tools.experiments import REFUSAL_CLASS, audit_issues, proposed_config, unmeasurable_item
 from tools.method import Judgement, Method, not_measured_text
 

@@ -24,8 +24,9 @@ from pydantic import BaseModel, Field
 from pydantic_ai import FunctionToolset, ModelRetry, RunContext
 
 from agent import models as m
+from agent.contracts import load_engine
 from agent.errors import PivotError
-from agent.session import Session, load_engine
+from agent.session import Session
 from agent.store import Store
 from tools import gemm
 from tools.profiles import HardwareProfile, ModelProfile, load_hardware, model_for, names

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pydantic_ai import CallDeferred, FunctionToolset, ModelRetry, RunContext
 
 from agent import models as m
-from agent import reports
 from agent.session import Session
+from tools import reports
 
 toolset: FunctionToolset[Session] = FunctionToolset(id="pivot", max_retries=3)
 

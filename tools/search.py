@@ -28,11 +28,14 @@ Nothing here decides tiers or pivots: the search only looks at items of the tier
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import dataclass, field
 from typing import Literal
 
 from agent import models as m
-from agent import reports
+from agent.contracts import Prediction, Predictor, load_engine
+from agent.errors import PivotError
+from tools import reports
 from tools.method import Decision, Method
 
 MEMBER_MIN_PCT = 1.0  # each item of a combined step adds at least this much (predicted) given the others
@@ -43,85 +46,31 @@ SEARCH_KINDS = ("flag", "config")
 RETEST_VERDICTS = ("no_gain", "regressed", "predicted", "superseded")
 
 
-# ---- the twin, cached
+# ---- the engine's predictor (agent/contracts/predictor.py), one per engine, options and target in this process
+
+_PREDICTORS: dict[tuple[str, str, str], Predictor | None] = {}
 
 
-@dataclass(frozen=True)
-class TwinReading:
-    """The twin's noise-free reading of one configuration at one level."""
-
-    tok_s: float | None  # output tok/s; None when it did not start or crashed at the level
-    crashed: bool = False
-    error: str | None = None  # why there is no reading (refused flags, startup fault, no profile)
-    not_modelled: tuple[str, ...] = ()
-    no_effect: tuple[str, ...] = ()
-
-
-_CACHE: dict[tuple, tuple[float | None, bool]] = {}  # by what the twin resolves: one simulation per configuration
-_READINGS: dict[tuple, TwinReading] = {}  # by command line: no second build of the same twin
-_SIMULATIONS = [0]  # how many levels were simulated (not answered from the cache): for tests and benchmarks
-
-
-def simulations() -> int:
-    return _SIMULATIONS[0]
-
-
-def twin_reading(
-    model_profile: str | None, hardware: str, gpus: int, config: m.ServerConfig, spec: m.BenchSpec, level: int
-) -> TwinReading:
-    """The twin's output tok/s for `config` at `level` of `spec` (no noise), from the cache when it has it."""
-
-    if not model_profile:
-        return TwinReading(None, error="the plan names no model profile")
-    outer = (
-        model_profile,
-        hardware,
-        gpus,
-        str(config),
-        tuple(config.env.items()) if config.env else (),
-        spec.workload_key(),
-        level,
-    )
-    if outer in _READINGS:
-        return _READINGS[outer]
-    reading = _reading(model_profile, hardware, gpus, config, spec, level)
-    _READINGS[outer] = reading
-    return reading
-
-
-def _reading(
-    model_profile: str, hardware: str, gpus: int, config: m.ServerConfig, spec: m.BenchSpec, level: int
-) -> TwinReading:
-    from agent.errors import PivotError
-    from tools.engines.catalog import CatalogError
-    from tools.engines.sim.twin import Twin, TwinStartupError
-
-    try:
-        twin = Twin.build(model_profile, hardware, gpus, config)
-    except CatalogError as e:
-        return TwinReading(None, error=f"SGLang would refuse the flags: {e.message}")
-    except TwinStartupError as e:  # SGLang would not start (out of memory, a bad layout): a predicted crash
-        return TwinReading(None, crashed=True, error=f"the server would not start: {e.message}")
-    except PivotError as e:  # a missing profile
-        return TwinReading(None, error=e.message)
+def predictor_for(method: Method) -> Predictor | None:
+    """The predictor the session's engine offers for its target (the SGLang twin for SGLang and the simulated
+    engines), or None: the engine has none (vLLM, a plugin's engine), and the search measures instead."""
     key = (
-        twin.model.name,
-        twin.hw.name,
-        twin.gpus,
-        repr(twin.par),
-        repr(twin.limits),
-        tuple(f.name for f in twin.load_faults),
-        spec.workload_key(),
-        level,
+        method.record.engine,
+        json.dumps(method.settings.engine_options, sort_keys=True, default=str),
+        method.plan.target.model_dump_json(),
     )
-    if key not in _CACHE:
-        _SIMULATIONS[0] += 1
-        sim = twin.simulate(spec, level)
-        lv = twin.level(spec, sim, level)
-        crashed = sim.fault is not None or lv.failed > 0
-        _CACHE[key] = (None if crashed or lv.completed == 0 else lv.output_throughput, crashed)
-    tok, crashed = _CACHE[key]
-    return TwinReading(tok, crashed, None, tuple(twin.not_modelled), tuple(twin.no_effect))
+    if key not in _PREDICTORS:
+        try:
+            engine = load_engine(method.record.engine, **method.settings.engine_options)
+            _PREDICTORS[key] = engine.predictor(method.plan.target)
+        except PivotError:
+            _PREDICTORS[key] = None
+    return _PREDICTORS[key]
+
+
+def no_predictor_text(method: Method) -> str:
+    """Why there are no predictions for this campaign, in words."""
+    return f"no predictor for this target: the {method.record.engine} engine offers none, so the search measures"
 
 
 # ---- the surrogate: the twin corrected to this campaign
@@ -152,13 +101,10 @@ def _pct(x: float) -> str:
 class Surrogate:
     """The twin for one reading of the ledger: the campaign's target and workload, at the judged level."""
 
-    def __init__(self, method: Method) -> None:
+    def __init__(self, method: Method, predictor: Predictor | None = None) -> None:
         self.method = method
         plan = method.plan
-        opts = method.settings.engine_options
-        self.model_profile = opts.get("model_profile") or plan.target.model_profile
-        self.hardware = str(opts.get("hardware") or plan.target.hardware)
-        self.gpus = int(opts.get("gpus") or plan.target.gpus)
+        self.predictor = predictor if predictor is not None else predictor_for(method)
         self.workload = plan.workload
         self.best = method.best()
         self.best_config = method.best_config()
@@ -168,8 +114,10 @@ class Surrogate:
         self._ratio: tuple[float, int] | None = None
         self._estimates: dict[tuple[str, ...], Estimate] = {}
 
-    def reading(self, config: m.ServerConfig) -> TwinReading:
-        return twin_reading(self.model_profile, self.hardware, self.gpus, config, self.workload, self.level)
+    def reading(self, config: m.ServerConfig) -> Prediction:
+        if self.predictor is None:
+            return Prediction(error=no_predictor_text(self.method))
+        return self.predictor.predict(config, self.workload, self.level)
 
     def ratio(self) -> tuple[float, int]:
         """Measured / predicted output tok/s at the level, averaged over the experiments measured there without
@@ -538,16 +486,14 @@ def record_fields(
     try:
         sur = Surrogate(method)
         if baseline:
-            r = twin_reading(
-                sur.model_profile, sur.hardware, sur.gpus, method.plan.target.base_config(), sur.workload,
-                max(sur.workload.concurrency),
-            )  # fmt: skip
-            if r.tok_s is None:
+            top = max(sur.workload.concurrency)
+            r = sur.predictor.predict(method.plan.target.base_config(), sur.workload, top) if sur.predictor else None
+            if r is None or r.tok_s is None:
                 return {}
             return {
                 "predicted_tok_s": r.tok_s,
-                "prediction": f"the twin predicts {r.tok_s:,.0f} output tok/s at concurrency "
-                f"{max(sur.workload.concurrency)} (uncorrected: the baseline is what corrects it)",
+                "prediction": f"the twin predicts {r.tok_s:,.0f} output tok/s at concurrency {top} (uncorrected: the "
+                "baseline is what corrects it)",
             }
         if not items or not all(i in method.plan.item_ids() for i in items):
             return {}

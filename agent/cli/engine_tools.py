@@ -42,7 +42,7 @@ def audit_flags_cmd(
     catalog shipped with pivot; vLLM: the shipped catalog generated from its parser. Exits 1 when a flag would
     stop the server from starting (unknown, ambiguous, invalid).
     """
-    from agent.session import load_engine
+    from agent.contracts import load_engine
 
     if not flags:
         raise PivotError("no flags to audit", hint="pivot audit-flags -- --tp-size 8 --enable-mscclpp")

@@ -20,8 +20,9 @@ from rich.status import Status
 from agent import models as m
 from agent.cli.bench import EXIT_INTERRUPTED, _ProgressView, _report, _spec
 from agent.console import dump, err, make_table, out, print_json, warn
+from agent.contracts import Deployment, engine_names, load_engine
 from agent.errors import PivotError
-from agent.session import Deployment, Session, engine_names, load_engine
+from agent.session import Session
 
 DEFAULT_PLAN = "glm5-nvfp4-rtxpro6000x8"
 DEFAULT_ENGINE = "sim-http"

@@ -11,7 +11,7 @@ import click
 from agent import models as m
 from agent.console import dump, err, make_table, out, print_json, warn
 from agent.errors import PivotError, SessionNotFound
-from agent.reports import SessionRef, list_documents, write_improvement_docs, write_status_summary
+from tools.reports import SessionRef, list_documents, write_improvement_docs, write_status_summary
 
 
 def _home(ctx: click.Context):

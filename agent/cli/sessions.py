@@ -65,7 +65,7 @@ def unlock(home: Home, session_ref: str, force: bool) -> None:
 @pass_home
 def show(home: Home, session_ref: str, as_json: bool) -> None:
     """Show a session: its todos, experiments with verdicts, and pivots."""
-    from agent.reports import Ledger
+    from tools.reports import Ledger
 
     store = home.store
     session = store.get_session(session_ref)
@@ -140,7 +140,7 @@ def _print_head(store: Store, session: m.Session) -> None:
     if pid := store.session_lock(session.id):
         out.print(f"in use by pid {pid}")
     if usage := store.usage(session.id):
-        from agent.reports import usage_text
+        from tools.reports import usage_text
 
         out.print(usage_text(usage), highlight=False)
 

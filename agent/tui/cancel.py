@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from agent import models as m
-from agent.session import (
+from agent.contracts import (
     Deployment,
     Diagnosis,
     Engine,

@@ -20,8 +20,9 @@ import pydantic_ai
 from pydantic_ai import Agent
 
 from agent import models as m
+from agent.contracts import Engine, load_engine
 from agent.errors import PivotError
-from agent.session import Engine, EventSink, Paths, Session, load_engine
+from agent.session import EventSink, Paths, Session
 from agent.store import Store
 from agent.tui import view
 from agent.tui.cancel import CancellableEngine, Canceller, StepCancelled, stop_quietly

@@ -173,7 +173,7 @@ def retry_text(content: Any) -> str:
 
 def board(store: Any, session_id: str) -> Board:
     """The session's todos, experiments (change, best output tok/s, verdict), open pivot and latest summary."""
-    from agent.reports import Ledger
+    from tools.reports import Ledger
 
     ledger = Ledger.read(store, session_id)
     record = ledger.record

@@ -3,7 +3,7 @@
 Inputs: the experiment's benchmark levels and telemetry (ledger rows), the target's model and hardware
 profiles (tools/profiles), GEMM micro-benchmarks when recorded, and a profile breakdown when one is given.
 Output: an `Analysis`, and `Finding` rows that replace the experiment's previous ones, so the reports
-(agent/reports/) render them without importing anything from here.
+(tools/reports/) render them without importing anything from here.
 
 Formulas, per GPU, named in the findings that use them (B: requests decoding at once, c: the level's
 concurrency, k experts per token out of E, tp/pp/ep the parallel sizes read from the experiment's flags):

@@ -7,8 +7,8 @@ from dataclasses import asdict
 from typing import Protocol
 
 from agent import models as m
+from agent.contracts import Engine, load_engine
 from agent.errors import PivotError
-from agent.session import Engine, load_engine
 from agent.store import Store
 from tools.profiles import ModelProfile, model_for
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from agent import models as m
-from agent.session import Engine
+from agent.contracts import Engine
 from tools.analysis.common import (
     KV_FULL,
     SessionLike,

@@ -9,7 +9,7 @@
         catalog_engine, version = "vllm", "0.33.0"
         parallel_dests = {"tp": "tensor_parallel_size", "pp": "pipeline_parallel_size", "dp": "data_parallel_size"}
 
-The protocol itself (agent/session.py: Engine, Deployment) is the contract; these classes only fill it in.
+The protocol itself (agent/contracts: Engine, Deployment) is the contract; these classes only fill it in.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from agent import models as m
-from agent.session import Diagnosis, Engine, FlagAudit, LedgerLink, Parallelism
+from agent.contracts import Diagnosis, Engine, FlagAudit, LedgerLink, Parallelism, Predictor
 from tools.engines.catalog import Catalog, CatalogError, FlagSpec, audit, load_catalog
 from tools.engines.failures import COMMON_RULES, FailureRule, diagnose
 from tools.engines.process import DEFAULT_READY_TIMEOUT_S
@@ -74,6 +74,17 @@ class BaseEngine:
     def with_seed(self, seed: int) -> Engine:
         """A real engine has no noise to seed: itself."""
         return self  # type: ignore[return-value]
+
+    @property
+    def model_flags(self) -> Sequence[str]:
+        """The flags naming the served model (SGLang's spelling unless the engine says otherwise)."""
+        return self.model_flag_names
+
+    model_flag_names: Sequence[str] = ("--model-path",)
+
+    def predictor(self, target: m.Target) -> Predictor | None:
+        """No predictor: pivot has no calibrated model of this engine, so the search measures instead."""
+        return None
 
 
 def _degree(value: object) -> int | None:

@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from agent import models as m
+from agent.contracts import LedgerLink
 from agent.errors import PivotError
-from agent.session import LedgerLink
 from tools.engines.base import BaseEngine
 from tools.engines.http import HttpDeployment, start_deployment
 from tools.engines.process import (

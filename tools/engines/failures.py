@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agent.session import Diagnosis
+from agent.contracts import Diagnosis
 
 
 def _rx(pattern: str) -> re.Pattern[str]:

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from agent import models as m
+from agent.contracts import Deployment, Engine, LedgerLink, ProgressCallback
 from agent.errors import PivotError
-from agent.session import Deployment, Engine, LedgerLink, Paths, ProgressCallback
+from agent.session import Paths
 from tools.engines.failures import COMMON_RULES, FailureRule, short_line
 from tools.engines.process import ManagedServer
 

@@ -33,9 +33,9 @@ from urllib.parse import urlsplit
 import httpx
 
 from agent import models as m
+from agent.contracts import LedgerLink, ProgressCallback
 from agent.errors import LaunchFailed, PivotError
 from agent.servers import FAULT_VAR, MARK_VAR, fault_point, group_members, proc_start, server_mark, stop_group
-from agent.session import LedgerLink, ProgressCallback
 from tools.engines.failures import ANSI, COMMON_RULES, UNKNOWN, FailureRule, diagnose, short_line
 
 DEFAULT_STOP_GRACE_S = 30.0  # SIGTERM to SIGKILL: SGLang tears down its scheduler processes and NCCL in this time

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 from agent import models as m
+from agent.contracts import FlagAudit, LedgerLink, Predictor
 from agent.errors import PivotError
-from agent.session import FlagAudit, LedgerLink
 from tools.engines.base import ServerEngine
 from tools.engines.catalog import CatalogError, FlagSpec
 from tools.engines.failures import ARGPARSE_RULES, PORT_RULE, RUNTIME_RULES, FailureRule, not_installed_rule
@@ -117,6 +117,7 @@ class SGLangEngine(ServerEngine):
         time_scale: float | None = None,
         warmup_pause_s: float = 1.0,
         auth_env: str | None = None,
+        twin: tuple[str, str, int] | None = None,
     ) -> None:
         """Options: `launcher` launch_server (default) or serve; `python` the interpreter that has SGLang (default
         this one, or python3 behind a prefix); `prefix` an argv put in front (`docker exec NAME`, `ssh host`,
@@ -138,6 +139,7 @@ class SGLangEngine(ServerEngine):
         self.ready_timeout_s, self.stop_grace_s, self.health_path = ready_timeout_s, stop_grace_s, health_path
         self.source, self.time_scale, self.warmup_pause_s = source, time_scale, warmup_pause_s
         self.auth_env = auth_env
+        self.twin = twin  # (model profile, hardware, GPUs) of the twin this engine serves (sim-http), else None
 
     def with_seed(self, seed: int) -> SGLangEngine:
         """A copy whose launch command draws its noise from `seed`, when the command takes one (the twin's
@@ -175,6 +177,15 @@ class SGLangEngine(ServerEngine):
         from tools.engines.sim.twin import not_modelled_flags
 
         return not_modelled_flags(config, self.version)
+
+    def predictor(self, target: m.Target) -> Predictor | None:
+        """The SGLang twin: for `sim-http`, its own profiles; for SGLang itself, the target's model and hardware
+        profiles when the plan names them (the twin is calibrated on SGLang); None without profiles."""
+        from tools.engines.sim.predictor import twin_predictor
+
+        if self.twin is not None:
+            return twin_predictor(*self.twin)
+        return twin_predictor(target.model_profile, target.hardware, target.gpus)
 
     def _address(self, config: m.ServerConfig) -> tuple[str, int, list[str]]:
         """Where the server will listen, and the flags to add so it does (only those the config does not set)."""
@@ -270,6 +281,7 @@ def sim_http_engine(
         "name": "sim-http",
         "command": command,
         "require_model": False,
+        "twin": (model_profile, hardware, int(gpus)),
         "source": "simulated",
         "time_scale": float(time_scale),
         "warmup_pause_s": 1.0 / float(time_scale),

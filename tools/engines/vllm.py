@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 from agent import models as m
+from agent.contracts import LedgerLink, Parallelism
 from agent.errors import PivotError
-from agent.session import LedgerLink, Parallelism
 from tools.engines.base import ServerEngine, argv_option
 from tools.engines.catalog import FlagSpec
 from tools.engines.failures import ARGPARSE_RULES, PORT_RULE, RUNTIME_RULES, FailureRule, not_installed_rule
@@ -78,6 +78,7 @@ class VLLMEngine(ServerEngine):
     The audit is against the catalog of vLLM's own parser; benchmarks use /v1/completions (or chat)."""
 
     catalog_engine = "vllm"
+    model_flag_names = ("--model",)
     ready_line = READY_LINE
     gauges = GAUGES
     failure_rules = FAILURE_RULES

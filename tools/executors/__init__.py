@@ -5,7 +5,7 @@ See tools/executors/base.py for the interface; `open_executor` builds the one a 
 
 from __future__ import annotations
 
-from tools.executors.base import EventCallback, Executor, ExperimentTask, OutcomeStatus, TaskEvent, TaskOutcome
+from agent.contracts import EventCallback, Executor, ExperimentTask, OutcomeStatus, TaskEvent, TaskOutcome
 
 
 def open_executor(address: str | None, parallel: int = 1, *, num_gpus: int | None = None) -> Executor | None:

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent import models as m
+from agent.contracts import Executor, ExperimentTask, LedgerLink, TaskEvent, TaskOutcome
 from agent.servers import server_mark
-from agent.session import LedgerLink, Session
-from tools.executors.base import Executor, ExperimentTask, TaskEvent, TaskOutcome
+from agent.session import Session
 from tools.experiments import raw_run_file, record_failed, refusal
 
 LOST_RERUNS = 2  # an experiment whose task was lost runs again at most this many times in the same step

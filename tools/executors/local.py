@@ -10,8 +10,7 @@ import socket
 from collections.abc import Callable, Iterator, Sequence
 
 from agent import models as m
-from agent.session import Engine, LedgerLink
-from tools.executors.base import EventCallback, ExperimentTask, TaskOutcome
+from agent.contracts import Engine, EventCallback, ExperimentTask, LedgerLink, TaskOutcome
 from tools.executors.task import gpu_ids, run_task
 
 

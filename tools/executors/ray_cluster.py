@@ -45,8 +45,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from agent import models as m
+from agent.contracts import EventCallback, ExperimentTask, TaskEvent, TaskOutcome
 from agent.errors import PivotError
-from tools.executors.base import EventCallback, ExperimentTask, TaskEvent, TaskOutcome
 from tools.executors.ray_task import Lease, Placed, placed_event, task_body
 
 CANCEL_WAIT_S = 20.0  # after ray.cancel, how long the driver waits for the tasks to stop their servers

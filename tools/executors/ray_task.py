@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from agent import models as m
+from agent.contracts import ExperimentTask, TaskEvent, TaskOutcome
 from agent.servers import MARK_VAR
 from tools.executors import keeper
-from tools.executors.base import ExperimentTask, TaskEvent, TaskOutcome
 from tools.executors.task import environ, gpu_ids, run_task
 
 MAX_LOG_BYTES = 2 * 1024 * 1024  # the log's tail a task sends back

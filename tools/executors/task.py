@@ -14,9 +14,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agent import models as m
+from agent.contracts import (
+    Deployment,
+    Engine,
+    ExperimentTask,
+    LedgerLink,
+    OutcomeStatus,
+    TaskEvent,
+    TaskOutcome,
+    load_engine,
+)
 from agent.errors import LaunchFailed, PivotError
-from agent.session import Deployment, Engine, LedgerLink, load_engine
-from tools.executors.base import ExperimentTask, OutcomeStatus, TaskEvent, TaskOutcome
 
 PORT_RETRIES = 2  # another server took the port between its pick and the launch (servers side by side on a host)
 MAX_ERRORS = 3

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.contracts import FlagAudit
 from agent.errors import PivotError
 from agent.models import ServerConfig
-from agent.session import FlagAudit
 from tools.engines.catalog.audit import audit
 from tools.engines.catalog.catalog import HELP_SPEC, Catalog, CatalogParser, FlagSpec, available_versions, load_catalog
 from tools.engines.catalog.noop_scan import NoopScan, find_package_dir, package_version, scan_noops

@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from agent import models as m
+from agent.contracts import LedgerLink, LevelCallback, Predictor, ProgressCallback
 from agent.errors import LaunchFailed, PivotError
-from agent.session import LedgerLink, LevelCallback, ProgressCallback
 from tools.engines.base import CatalogEngine
 from tools.engines.catalog import CatalogError
 from tools.engines.sglang import FAILURE_RULES as SGLANG_FAILURE_RULES
+from tools.engines.sim.predictor import twin_predictor
 from tools.engines.sim.scheduler import LevelSimulation, SimulationStopped
 from tools.engines.sim.twin import Twin, TwinStartupError, not_modelled_flags
 
@@ -186,6 +187,10 @@ class SimEngine(CatalogEngine):
     def not_modelled(self, config: m.ServerConfig) -> list[str]:
         """The flags of `config` SGLang reads but the twin does not model: their effect is never simulated."""
         return not_modelled_flags(config, VERSION)
+
+    def predictor(self, target: m.Target) -> Predictor | None:
+        """The twin itself, noise-free, for this engine's profiles and GPUs."""
+        return twin_predictor(self.model_profile, self.hardware, self.gpus)
 
     def launch(
         self, config: m.ServerConfig, log_path: Path, *, ledger: LedgerLink | None = None, force: bool = False

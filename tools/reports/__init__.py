@@ -20,7 +20,7 @@ formatting), `expectations` (expected impacts as numbers, next steps), `ledger` 
 only when charts are drawn). Only this package writes under docs_out/.
 """
 
-from agent.reports.common import (
+from tools.reports.common import (
     CHANGE_FORMULA,
     IMPROVEMENT_HEADINGS,
     KEPT_VERDICTS,
@@ -30,16 +30,16 @@ from agent.reports.common import (
     SessionLike,
     SessionRef,
 )
-from agent.reports.expectations import Expectation, next_steps, parse_expectation
-from agent.reports.html import write_status_html
-from agent.reports.improvement import (
+from tools.reports.expectations import Expectation, next_steps, parse_expectation
+from tools.reports.html import write_status_html
+from tools.reports.improvement import (
     item_status,
     render_improvement,
     write_improvement_doc,
     write_improvement_docs,
 )
-from agent.reports.ledger import Ledger, config_text, plan_warnings
-from agent.reports.status import (
+from tools.reports.ledger import Ledger, config_text, plan_warnings
+from tools.reports.status import (
     BEST_ALIGN,
     BEST_HEADER,
     Summary,
@@ -49,8 +49,8 @@ from agent.reports.status import (
     usage_text,
     write_status_summary,
 )
-from agent.reports.text import check_document, headings, markdown, slug, tables
-from agent.reports.writing import latest_status_doc, list_documents
+from tools.reports.text import check_document, headings, markdown, slug, tables
+from tools.reports.writing import latest_status_doc, list_documents
 
 __all__ = [
     "BEST_ALIGN",

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agent import models as m
-from agent.reports.common import SessionLike
+from tools.reports.common import SessionLike
 
 
 def _sha(data: bytes) -> str:

@@ -1,4 +1,4 @@
-"""Charts for status summaries as PNG bytes (matplotlib, Agg backend); agent/reports/html.py writes them beside the HTML.
+"""Charts for status summaries as PNG bytes (matplotlib, Agg backend); tools/reports/html.py writes them beside the HTML.
 
 Each series is one experiment's sweep: concurrency on a log2 axis (labelled as such), one point per level that
 completed requests. A reader tells them apart at a glance: every series has its own marker and colour and is

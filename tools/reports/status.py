@@ -9,13 +9,13 @@ from typing import Any
 
 from agent import models as m
 from agent.errors import PivotError
-from agent.reports.common import CHANGE_FORMULA, SET_ASIDE, STATUS_HEADINGS, VERDICT_WORDS, SessionLike
-from agent.reports.expectations import Expectation, next_steps
-from agent.reports.html import write_status_html
-from agent.reports.ledger import Ledger, _items, config_text, plan_warnings
-from agent.reports.text import _change, _ms, _signed, _table, _tok, check_document
-from agent.reports.writing import _write, latest_status_doc
 from agent.servers import fault_point
+from tools.reports.common import CHANGE_FORMULA, SET_ASIDE, STATUS_HEADINGS, VERDICT_WORDS, SessionLike
+from tools.reports.expectations import Expectation, next_steps
+from tools.reports.html import write_status_html
+from tools.reports.ledger import Ledger, _items, config_text, plan_warnings
+from tools.reports.text import _change, _ms, _signed, _table, _tok, check_document
+from tools.reports.writing import _write, latest_status_doc
 
 # The "Best results" table: one row per concurrency level.
 BEST_HEADER = ["concurrency", "output tok/s", "total tok/s", "peak output tok/s", "mean TTFT ms", "mean TPOT ms",

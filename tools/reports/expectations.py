@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 
 from agent import models as m
-from agent.reports.ledger import Ledger
+from tools.reports.ledger import Ledger
 
 _RANGE = re.compile(r"(?P<sign>[+\-−]?)\s*(?P<lo>\d+(?:\.\d+)?)\s*(?:-|–|to)\s*(?P<hi>\d+(?:\.\d+)?)\s*%")
 _SINGLE = re.compile(r"(?P<sign>[+\-−])\s*(?P<lo>\d+(?:\.\d+)?)\s*%")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from agent import models as m
 from agent.errors import PivotError
-from agent.reports.common import CHANGE_FORMULA, IMPROVEMENT_HEADINGS, VERDICT_WORDS, SessionLike
-from agent.reports.expectations import Expectation, parse_expectation
-from agent.reports.ledger import Ledger, _items
-from agent.reports.text import _change, _inline_code, _ms, _signed, _table, _tok, check_document, slug
-from agent.reports.writing import _write
+from tools.reports.common import CHANGE_FORMULA, IMPROVEMENT_HEADINGS, VERDICT_WORDS, SessionLike
+from tools.reports.expectations import Expectation, parse_expectation
+from tools.reports.ledger import Ledger, _items
+from tools.reports.text import _change, _inline_code, _ms, _signed, _table, _tok, check_document, slug
+from tools.reports.writing import _write
 
 
 def item_status(ledger: Ledger, item: m.PlanItem) -> tuple[str, list[m.Experiment]]:

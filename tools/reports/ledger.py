@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from agent import models as m
-from agent.reports.common import KEPT_VERDICTS
 from agent.store import Store
+from tools.reports.common import KEPT_VERDICTS
 
 
 @dataclass

@@ -6,10 +6,10 @@ from typing import Any
 
 from agent import models as m
 from agent.errors import PivotError
-from agent.reports.common import VERDICT_WORDS, SessionLike
-from agent.reports.ledger import Ledger
-from agent.reports.text import markdown
-from agent.reports.writing import _atomic_write, _write
+from tools.reports.common import VERDICT_WORDS, SessionLike
+from tools.reports.ledger import Ledger
+from tools.reports.text import markdown
+from tools.reports.writing import _atomic_write, _write
 
 
 def write_status_html(
@@ -21,7 +21,7 @@ def write_status_html(
     known: dict[str, m.Document] | None = None,
 ) -> m.Document:
     """Render status summary `number` as HTML with its charts (PNG files under charts/)."""
-    from agent.reports import charts
+    from tools.reports import charts
 
     ledger = ledger or Ledger.read(session.store, session.id)
     folder = session.paths.docs_dir(session.id)

@@ -1,4 +1,4 @@
-"""What an executor is given and what it gives back: one experiment's run as a task, its events and its outcome.
+"""The executor contract: one experiment's run as a task, its events and its outcome, and the Executor protocol.
 
 An experiment's run (launch, readiness, the benchmark sweep with its telemetry, an optional profile, stop) is one
 `ExperimentTask`. It carries everything the host that runs it needs and nothing of the ledger: the driver (this

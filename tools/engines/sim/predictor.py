@@ -1,0 +1,91 @@
+"""The twin as a Predictor (agent/contracts/predictor.py): SGLang's digital twin foreseeing a configuration's level.
+
+One simulation per configuration the twin resolves alike (two command lines with the same parallel layout, limits
+and faults share one), cached for the process, so a campaign predicts each configuration once. Readings are
+noise-free. The sim and sim-http engines offer it for their own profiles; the real SGLang engine offers it for a
+target whose model and hardware profiles pivot ships (the twin is calibrated on SGLang).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent import models as m
+from agent.contracts import Prediction
+from agent.errors import PivotError
+
+_CACHE: dict[tuple, tuple[m.BenchLevel | None, bool]] = {}  # by what the twin resolves
+_READINGS: dict[tuple, Prediction] = {}  # by command line: no second build of the same twin
+_SIMULATIONS = [0]  # levels simulated (not answered from the cache): for tests and benchmarks
+
+
+def simulations() -> int:
+    """How many levels the twin has simulated in this process (cache misses)."""
+    return _SIMULATIONS[0]
+
+
+@dataclass(frozen=True)
+class TwinPredictor:
+    """The SGLang twin for one model profile on `gpus` GPUs of one hardware profile."""
+
+    model_profile: str
+    hardware: str
+    gpus: int
+
+    @property
+    def name(self) -> str:
+        return f"the SGLang twin ({self.model_profile} on {self.gpus}x {self.hardware})"
+
+    def predict(self, config: m.ServerConfig, spec: m.BenchSpec, level: int) -> Prediction:
+        """`config` at `level` of `spec`, from the cache when it has it."""
+        outer = (
+            self.model_profile,
+            self.hardware,
+            self.gpus,
+            str(config),
+            tuple(config.env.items()) if config.env else (),
+            spec.workload_key(),
+            level,
+        )
+        if outer not in _READINGS:
+            _READINGS[outer] = self._predict(config, spec, level)
+        return _READINGS[outer]
+
+    def _predict(self, config: m.ServerConfig, spec: m.BenchSpec, level: int) -> Prediction:
+        from tools.engines.catalog import CatalogError
+        from tools.engines.sim.twin import Twin, TwinStartupError
+
+        try:
+            twin = Twin.build(self.model_profile, self.hardware, self.gpus, config)
+        except CatalogError as e:
+            return Prediction(error=f"SGLang would refuse the flags: {e.message}")
+        except TwinStartupError as e:  # SGLang would not start (out of memory, a bad layout): a predicted crash
+            return Prediction(crashed=True, error=f"the server would not start: {e.message}")
+        except PivotError as e:  # a missing profile
+            return Prediction(error=e.message)
+        key = (
+            twin.model.name,
+            twin.hw.name,
+            twin.gpus,
+            repr(twin.par),
+            repr(twin.limits),
+            tuple(f.name for f in twin.load_faults),
+            spec.workload_key(),
+            level,
+        )
+        if key not in _CACHE:
+            _SIMULATIONS[0] += 1
+            sim = twin.simulate(spec, level)
+            lv = twin.level(spec, sim, level)
+            crashed = sim.fault is not None or lv.failed > 0
+            _CACHE[key] = (lv, crashed)
+        lv, crashed = _CACHE[key]
+        return Prediction(lv, crashed, None, tuple(twin.not_modelled), tuple(twin.no_effect))
+
+
+def twin_predictor(model_profile: str | None, hardware: str | None, gpus: int) -> TwinPredictor | None:
+    """The twin for these profiles, or None when the target names no model profile or hardware (nothing to
+    simulate)."""
+    if not model_profile or not hardware:
+        return None
+    return TwinPredictor(str(model_profile), str(hardware), int(gpus))
