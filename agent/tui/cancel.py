@@ -28,6 +28,7 @@ from agent.contracts import (
     LedgerLink,
     LevelCallback,
     Parallelism,
+    Predictor,
     ProgressCallback,
 )
 
@@ -228,6 +229,13 @@ class CancellableEngine:
 
     def with_seed(self, seed: int) -> CancellableEngine:
         return CancellableEngine(self.inner.with_seed(seed), self._canceller)
+
+    @property
+    def model_flags(self) -> Sequence[str]:
+        return self.inner.model_flags
+
+    def predictor(self, target: m.Target) -> Predictor | None:
+        return self.inner.predictor(target)
 
     def launch(
         self, config: m.ServerConfig, log_path: Path, *, ledger: LedgerLink | None = None, force: bool = False
