@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
-from pydantic_ai import RunContext
+from pydantic_ai import ModelRetry, RunContext
 from pydantic_ai.toolsets import AbstractToolset, WrapperToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 
@@ -33,6 +33,7 @@ from agent.session import Session
 
 INIT_TIMEOUT_S = 20.0  # the handshake of a server started now (a Python server on a loaded host takes seconds)
 READ_TIMEOUT_S = 300.0  # one tool call
+CONNECTION_CLOSED = -32000  # the MCP SDK's error code for a connection that closed
 Warn = Callable[[str], None]
 
 
@@ -75,6 +76,19 @@ class _State:
     left_out: set[str] = field(default_factory=set)
 
 
+def _tool_refused(e: BaseException) -> bool:
+    """Whether the server itself answered with an error (a tool error, bad arguments), as opposed to a connection
+    that is gone (MCP's CONNECTION_CLOSED, -32000, and anything that is not an MCP error)."""
+    from fastmcp.exceptions import McpError, ToolError
+
+    if isinstance(e, ToolError):
+        return True
+    if isinstance(e, McpError):
+        code = getattr(getattr(e, "error", None), "code", getattr(e, "code", None))
+        return code != CONNECTION_CLOSED and "connection closed" not in str(e).lower()
+    return False
+
+
 def _is_control_flow(e: BaseException) -> bool:
     """pydantic-ai's own exceptions (ModelRetry, CallDeferred, ...): they are how a tool talks to the run."""
     return type(e).__module__.startswith("pydantic_ai")
@@ -105,7 +119,9 @@ class ServerTools(WrapperToolset[Session]):
             await self.wrapped.__aenter__()
             self.state.entered = True
         except Exception as e:  # a command that is missing, a server that exits, a handshake that never comes
-            self._fail(f"did not start ({self.spec.where if self.spec else ''}): {reason_of(e)}")
+            said = log_tail(self.log_file)
+            where = self.spec.where if self.spec else ""
+            self._fail(f"did not start ({where}): {reason_of(e)}" + (f"; it said: {said}" if said else ""))
         return self
 
     async def __aexit__(self, *args: Any) -> bool | None:
@@ -154,6 +170,8 @@ class ServerTools(WrapperToolset[Session]):
         except Exception as e:
             if _is_control_flow(e):
                 raise
+            if _tool_refused(e):  # the server answered: the call was wrong, the model can correct it
+                raise ModelRetry(f"{name}: {reason_of(e)}") from e
             self._fail(f"failed during {name}: {reason_of(e)}")
             return f"unavailable: the MCP server {self.spec.name if self.spec else ''!r} {self.state.failed}"
 
@@ -173,6 +191,7 @@ def server_toolset(
         init_timeout=INIT_TIMEOUT_S,
         read_timeout=READ_TIMEOUT_S,
         max_retries=3,
+        tool_error_behavior="error",  # ServerTools tells a refused call (a retry) from a server that is gone
     )
     prefixed = inner.prefixed(spec.prefix)
     return ServerTools(prefixed, spec=spec, reserved=frozenset(reserved), warn=warn, log_file=log_file)
@@ -220,19 +239,32 @@ class ListedServer(BaseModel):
     error: str | None = None
 
 
-async def _list_one(spec: ServerSpec, reserved: frozenset[str]) -> ListedServer:
+def log_tail(path: Path | None, n: int = 3) -> str:
+    """The last lines a server wrote on stderr, on one line (empty when there are none)."""
+    if path is None:
+        return ""
+    try:
+        lines = [x.strip() for x in path.read_text(encoding="utf-8", errors="replace").splitlines() if x.strip()]
+    except OSError:
+        return ""
+    return " | ".join(lines[-n:])[-400:]
+
+
+async def _list_one(spec: ServerSpec, reserved: frozenset[str], log_dir: Path) -> ListedServer:
     from fastmcp import Client
 
     row = ListedServer(server=spec.name, where=spec.where)
+    log_file = log_dir / f"mcp-{spec.prefix}.log"
     try:
-        client = Client(transport(spec), init_timeout=INIT_TIMEOUT_S, timeout=60)
+        client = Client(transport(spec, log_file), init_timeout=INIT_TIMEOUT_S, timeout=60)
         async with client:
             tools = await client.list_tools()
     except PivotError as e:
         row.error = e.message
         return row
     except Exception as e:
-        row.error = f"did not start: {reason_of(e)}"
+        said = log_tail(log_file)
+        row.error = f"did not start: {reason_of(e)}" + (f"; it said: {said}" if said else "")
         return row
     for t in tools:
         name = f"{spec.prefix}_{t.name}"
@@ -246,10 +278,13 @@ async def _list_one(spec: ServerSpec, reserved: frozenset[str]) -> ListedServer:
 def list_servers(path: str | Path, reserved: Iterable[str]) -> list[ListedServer]:
     """Connect to each server of the file in turn and list its tools; a server that does not start is a row with
     its error."""
+    import tempfile
+
     specs = load_config(path)
     names = frozenset(reserved)
 
-    async def main() -> list[ListedServer]:
-        return [await _list_one(spec, names) for spec in specs]
+    async def main(log_dir: Path) -> list[ListedServer]:
+        return [await _list_one(spec, names, log_dir) for spec in specs]
 
-    return asyncio.run(main())
+    with tempfile.TemporaryDirectory(prefix="pivot-mcp-") as folder:  # the servers' stderr, read on a failure
+        return asyncio.run(main(Path(folder)))
