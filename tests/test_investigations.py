@@ -117,3 +117,19 @@ def test_a_ledger_from_before_investigations_gets_the_table(paths, small_plan):
         assert s.applied == ["013_investigations"]
         inv = s.add_investigation("old013", m.Investigation(question="q?", model="investigator", report="r"))
         assert s.investigations("old013") == [inv]
+
+
+async def test_an_mcp_client_can_ask_for_an_investigation(store, paths, crashed):
+    from fastmcp import Client
+
+    from agent.mcp.server import build_server
+
+    eid = next(e.id for e in store.experiments(crashed) if e.verdict == "crashed")
+    async with Client(build_server(paths, store)) as client:
+        got = await client.call_tool(
+            "investigate", {"session": crashed, "question": "Why the crash?", "kind": "crash", "experiment_id": eid}
+        )
+    inv = got.structured_content
+    assert inv["status"] == "done" and "cuda-error" in inv["report"] and inv["tools_used"][0] == "ledger_experiments"
+    assert [i.question for i in store.investigations(crashed)] == ["Why the crash?"]
+    assert store.session_lock(crashed) is None

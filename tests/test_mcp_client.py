@@ -174,3 +174,24 @@ def test_a_missing_variable_leaves_that_server_out(tmp_path, pivot_home, monkeyp
     )
     with Store(pivot_home / "state" / "pivot.db") as store:
         assert returns(store, json.loads(result.stdout)["session"])["fine_echo"] == ["echo: x"]
+
+
+def test_the_options_are_kept_with_the_session_and_resume_changes_them(tmp_path, pivot_home, config):
+    model = script(tmp_path / "end.jsonl", {"text": "nothing to do"})
+    result = invoke("run", "llama70b-fp8-h200x1", "--model", model, "--mcp", str(config),
+                    "--investigator-model", "autopilot", "--json")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    sid = json.loads(result.stdout)["session"]
+    with Store(pivot_home / "state" / "pivot.db") as store:
+        settings = store.get_session(sid).settings
+        assert (settings.mcp_config, settings.investigator_model) == (str(config.resolve()), "autopilot")
+    result = invoke("resume", sid, "--mcp", "off", "--answer", "go on", "--json")
+    assert result.exit_code == 0, result.output
+    assert "MCP server" not in result.stderr  # no server started for this run
+    with Store(pivot_home / "state" / "pivot.db") as store:
+        assert store.get_session(sid).settings.mcp_config is None
+
+
+def test_chat_takes_the_options_for_a_session_only(config):
+    result = invoke("chat", "--mcp", str(config))
+    assert result.exit_code == 1 and "apply to a session: give SESSION or --demo" in result.stderr

@@ -10,12 +10,16 @@ from agent.cli.mcp_options import apply_to_session, require_session_for, setting
 from agent.errors import PivotError
 
 
+def _session_mcp_options(f):
+    return with_mcp_options(f, resume=True)  # they change the session opened; none given: as it is
+
+
 @click.command()
 @click.argument("session_ref", metavar="[SESSION]", required=False)
 @click.option(
     "--demo", is_flag=True, help="Start the demo session (as `pivot demo` does) and run it to its first pivot."
 )
-@with_mcp_options
+@_session_mcp_options
 @click.pass_context
 def chat(
     ctx: click.Context,

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from agent.console import err
+from agent.defaults import setting
 from agent.errors import PivotError
 
 OFF = ("off", "none", "")
@@ -41,7 +42,7 @@ def mcp_options(*, resume: bool = False) -> list[Any]:
         click.option(
             "--mcp-instructions/--no-mcp-instructions",
             "mcp_instructions",
-            default=None,
+            default=None if resume else setting("mcp_instructions"),
             help="Give the model the MCP servers' own instructions too (off unless asked)." + keep,
         ),
         click.option(

@@ -35,6 +35,16 @@ def tools_cmd(as_json: bool, mcp: str | None) -> None:
         }
         for name, ts in toolsets.plugins.items()
     ]
+    from agent import investigate
+
+    tool_rows.append(  # added to every session's runs (agent/session_tools.py), not an entry point
+        {
+            "plugin": "investigate",
+            "distribution": None,
+            "entry_point": "agent.investigate:toolset (built in)",
+            "tools": [{"name": n, "description": d} for n, d in plugins.describe_tools(investigate.toolset)],
+        }
+    )
     engine_rows = [
         {
             "engine": name,

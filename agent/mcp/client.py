@@ -31,7 +31,7 @@ from agent.errors import PivotError
 from agent.mcp.config import ServerSpec, load_config
 from agent.session import Session
 
-INIT_TIMEOUT_S = 20.0  # the handshake of a server started now (a Python server on a loaded host takes seconds)
+INIT_TIMEOUT_S = 30.0  # the handshake of a server started now (a Python server on a loaded host takes seconds)
 READ_TIMEOUT_S = 300.0  # one tool call
 CONNECTION_CLOSED = -32000  # the MCP SDK's error code for a connection that closed
 Warn = Callable[[str], None]
@@ -101,7 +101,7 @@ class ServerTools(WrapperToolset[Session]):
 
     spec: ServerSpec | None = None
     reserved: frozenset[str] = frozenset()
-    warn: Warn = print
+    warn: Warn = field(default=lambda _text: None)
     log_file: Path | None = None
     state: _State = field(default_factory=_State)
 

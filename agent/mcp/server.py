@@ -16,6 +16,7 @@ import anyio
 from fastmcp import Context, FastMCP
 from pydantic import Field
 
+from agent import models as m
 from agent.errors import PivotError
 from agent.mcp import views
 from agent.mcp.campaign import CampaignOutcome, run_step, status_uri
@@ -154,7 +155,6 @@ def _create(
 ) -> str:
     """Record a new session as `pivot run` would (checked first: the plan, the engine, the model's key)."""
     from agent import loop
-    from agent import models as m
     from agent.defaults import default_model, session_settings
     from agent.plans import load_plan
     from agent.session import Session, engine_names
@@ -211,7 +211,7 @@ def _session_tools(server: Any, paths: Paths, store: Store) -> None:
     async def investigate(
         session: Annotated[str, Field(description="The session's id (or name)")],
         question: str,
-        kind: Annotated[str, Field(description="crash, root_cause or question")] = "question",
+        kind: Annotated[m.InvestigationKind, Field(description="crash, root_cause or question")] = "question",
         experiment_id: int | None = None,
     ) -> dict[str, Any]:
         """Put a question to a sub-agent with read-only tools (the ledger, a server's log, the analysis, the GEMM
@@ -220,14 +220,12 @@ def _session_tools(server: Any, paths: Paths, store: Store) -> None:
         from agent.investigate import run_investigation
         from agent.session import Session
 
-        if kind not in ("crash", "root_cause", "question"):
-            raise _tool_error(PivotError(f"kind must be crash, root_cause or question (got {kind!r})"))
         try:
             opened = await anyio.to_thread.run_sync(lambda: Session.open(store, paths, session))
         except PivotError as e:
             raise _tool_error(e) from e
         try:
-            inv = await run_investigation(opened, question, kind=kind, experiment_id=experiment_id)  # type: ignore[arg-type]
+            inv = await run_investigation(opened, question, kind=kind, experiment_id=experiment_id)
         finally:
             await anyio.to_thread.run_sync(opened.close)
         return inv.model_dump(mode="json")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -11,6 +12,13 @@ from agent import models as m
 from agent.errors import PivotError
 from agent.session import Paths
 from agent.store import Store
+
+
+def _split(flags: str) -> list[str]:
+    try:
+        return shlex.split(flags)
+    except ValueError as e:
+        raise PivotError(f"cannot read the flags {flags!r}: {e}", hint="quote values as a shell would") from e
 
 
 class PlanRow(BaseModel):
@@ -238,7 +246,7 @@ def predict(
         raise PivotError("noise must be >= 0")
     line = flags.strip() or (str(t.flags or "") if plan_ref else "")
     twin = build_twin(
-        model_profile or t.model_profile or "glm-5-nvfp4", hardware or t.hardware, gpus or t.gpus, tuple(line.split())
+        model_profile or t.model_profile or "glm-5-nvfp4", hardware or t.hardware, gpus or t.gpus, tuple(_split(line))
     )
     update: dict[str, Any] = {}
     if concurrency:
@@ -284,7 +292,7 @@ def audit_flags(flags: str, engine: str, engine_version: str | None) -> AuditRes
 
     if not flags.strip():
         raise PivotError("no flags to audit", hint="e.g. flags='--tp-size 8 --enable-mscclpp'")
-    report = load_engine(engine).audit(m.ServerConfig.parse(flags.split()), version=engine_version)
+    report = load_engine(engine).audit(m.ServerConfig.parse(_split(flags)), version=engine_version)
     return AuditResult(
         would_start=not report.blocking,
         rows=[r.model_dump(include={"flag", "status", "message"}) for r in report.rows],
