@@ -1,6 +1,6 @@
 """A small MCP server the tests start over stdio (`python tests/mcp_test_server.py`): a cluster-metrics stand-in.
 
-Its tools: `gpu_count` (from the GPU_COUNT variable of its entry's env), `echo`, `verdict` and `launch_server`
+Its tools: `gpu_count` (from the GPU_COUNT variable of its entry's env), `count`, `echo`, `verdict` and `launch_server`
 (named like pivot's own tools: prefixed by a server name they must stay harmless), `env_has` (whether a variable
 reached it) and `die` (the process exits mid-call, as a server that crashes).
 """
@@ -18,6 +18,12 @@ server = FastMCP("test-metrics", instructions="TEST SERVER INSTRUCTIONS: call gp
 def gpu_count() -> int:
     """How many GPUs the cluster has."""
     return int(os.environ.get("GPU_COUNT", "8"))
+
+
+@server.tool
+def count() -> int:
+    """A tool whose prefixed name can meet another server's (server `a_gpu` `count`, server `a` `gpu_count`)."""
+    return 1
 
 
 @server.tool

@@ -138,7 +138,7 @@ def test_pivot_tools_lists_the_servers_tools_as_the_agent_gets_them(config):
     assert result.exit_code == 0, result.output
     rows = {r["server"]: r for r in json.loads(result.stdout)["mcp"]}
     assert set(rows) == {"metrics", "record", "broken"}  # disabled: left out
-    assert [t["name"] for t in rows["metrics"]["tools"]][:2] == ["metrics_gpu_count", "metrics_echo"]
+    assert [t["name"] for t in rows["metrics"]["tools"]][:3] == ["metrics_gpu_count", "metrics_count", "metrics_echo"]
     assert rows["record"]["left_out"] == ["record_verdict"]
     assert rows["broken"]["error"].startswith("did not start") and not rows["broken"]["tools"]
 
@@ -195,3 +195,29 @@ def test_the_options_are_kept_with_the_session_and_resume_changes_them(tmp_path,
 def test_chat_takes_the_options_for_a_session_only(config):
     result = invoke("chat", "--mcp", str(config))
     assert result.exit_code == 1 and "apply to a session: give SESSION or --demo" in result.stderr
+
+
+def test_two_servers_whose_tools_meet_under_one_name_do_not_stop_the_run(store, paths, small_plan, tmp_path):
+    import asyncio
+
+    from pydantic_ai import ModelResponse, TextPart
+    from pydantic_ai.models.function import FunctionModel
+
+    from agent import loop
+    from agent.session import Session
+
+    entry = {"command": sys.executable, "args": SERVER}
+    cfg = write_config(tmp_path / "meet.json", a=entry, a_gpu=entry)  # a + gpu_count, a_gpu + count
+    seen: list[list[str]] = []
+    warnings: list[str] = []
+
+    def capture(messages, info):
+        seen.append([t.name for t in info.function_tools])
+        return ModelResponse(parts=[TextPart("ok")])
+
+    settings = m.SessionSettings(mcp_config=str(cfg))
+    with Session.create(store, paths, small_plan, settings=settings, events=lambda e: warnings.append(e.message)) as s:
+        outcome = asyncio.run(loop.run_async(s, prompt="hi", model=FunctionModel(capture)))
+    assert outcome.status in ("waiting", "finished")
+    assert seen[0].count("a_gpu_count") == 1 and "a_echo" in seen[0] and "a_gpu_echo" in seen[0]
+    assert any("'a_gpu_count' is named like one of" in w for w in warnings)

@@ -104,6 +104,7 @@ class ServerTools(WrapperToolset[Session]):
     warn: Warn = field(default=lambda _text: None)
     log_file: Path | None = None
     state: _State = field(default_factory=_State)
+    claimed: dict[str, str] = field(default_factory=dict)  # tool name -> the server that has it (shared in a run)
 
     def _fail(self, what: str) -> None:
         if self.state.failed is None:
@@ -146,7 +147,14 @@ class ServerTools(WrapperToolset[Session]):
             self._fail(f"stopped answering: {reason_of(e)}")
             return {}
         kept = {}
+        server = self.spec.name if self.spec else ""
         for name, tool in tools.items():
+            owner = self.claimed.setdefault(name, server)
+            if owner != server:
+                if name not in self.state.left_out:
+                    self.state.left_out.add(name)
+                    self.warn(f"MCP server {server!r}: its tool {name!r} is named like one of {owner!r}'s: left out")
+                continue
             if name in self.reserved:
                 if name not in self.state.left_out:
                     self.state.left_out.add(name)
@@ -177,7 +185,13 @@ class ServerTools(WrapperToolset[Session]):
 
 
 def server_toolset(
-    spec: ServerSpec, *, reserved: Iterable[str], warn: Warn, log_dir: Path | None, instructions: bool
+    spec: ServerSpec,
+    *,
+    reserved: Iterable[str],
+    warn: Warn,
+    log_dir: Path | None,
+    instructions: bool,
+    claimed: dict[str, str] | None = None,
 ) -> ServerTools:
     """The toolset of one server for the agent (connected when the run enters it); a PivotError when its entry
     cannot be used (a variable not set)."""
@@ -194,7 +208,8 @@ def server_toolset(
         tool_error_behavior="error",  # ServerTools tells a refused call (a retry) from a server that is gone
     )
     prefixed = inner.prefixed(spec.prefix)
-    return ServerTools(prefixed, spec=spec, reserved=frozenset(reserved), warn=warn, log_file=log_file)
+    return ServerTools(prefixed, spec=spec, reserved=frozenset(reserved), warn=warn, log_file=log_file,
+                       claimed=claimed if claimed is not None else {})  # fmt: skip
 
 
 def mcp_toolsets(session: Session, reserved: Iterable[str]) -> list[AbstractToolset[Session]]:
@@ -213,12 +228,14 @@ def mcp_toolsets(session: Session, reserved: Iterable[str]) -> list[AbstractTool
         warn(f"--mcp {path}: {e.message}; the run goes on without MCP servers")
         return []
     names = frozenset(reserved)
+    claimed: dict[str, str] = {}  # two servers whose prefixed names meet: the first keeps the name
     out: list[AbstractToolset[Session]] = []
     for spec in specs:
         try:
             log_dir = session.paths.logs_dir(session.id)
             instructions = session.settings.mcp_instructions
-            out.append(server_toolset(spec, reserved=names, warn=warn, log_dir=log_dir, instructions=instructions))
+            out.append(server_toolset(spec, reserved=names, warn=warn, log_dir=log_dir, instructions=instructions,
+                                      claimed=claimed))  # fmt: skip
         except PivotError as e:
             warn(f"MCP server {spec.name!r} left out: {e.message}")
     return out
