@@ -12,10 +12,10 @@ from pydantic_ai import UsageLimits
 
 from agent import models as m
 from agent.investigate import DETERMINISTIC, investigation_due, run_investigation
-from agent.reports import SessionRef, headings, write_status_summary
 from agent.session import Session
 from agent.store import MIGRATIONS, Store
 from tests.twin_ledger import glm5_campaign
+from tools.reports import SessionRef, headings, write_status_summary
 
 
 @pytest.fixture

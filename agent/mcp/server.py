@@ -155,9 +155,10 @@ def _create(
 ) -> str:
     """Record a new session as `pivot run` would (checked first: the plan, the engine, the model's key)."""
     from agent import loop
+    from agent.contracts import engine_names
     from agent.defaults import default_model, session_settings
     from agent.plans import load_plan
-    from agent.session import Session, engine_names
+    from agent.session import Session
 
     plan = load_plan(plan_ref)
     if engine not in engine_names():
@@ -313,7 +314,7 @@ class LedgerResources(_provider_base()):  # type: ignore[misc]
     def _listing(self) -> list[Any]:
         from fastmcp.resources import FunctionResource
 
-        from agent.reports import latest_status_doc
+        from tools.reports import latest_status_doc
 
         out: list[Any] = []
         for row in self.store.session_summaries():

@@ -113,7 +113,7 @@ def show_session(store: Store, session_ref: str) -> dict[str, Any]:
     """A session in a form an agent can read at once: its record, todos, experiments (change, figure, verdict and
     reason), pivots, documents, investigations and model use. Per-level numbers: `pivot show --json`."""
     from agent.console import dump
-    from agent.reports import Ledger
+    from tools.reports import Ledger
 
     session = store.get_session(session_ref)
     ledger = Ledger.read(store, session.id)
@@ -185,8 +185,8 @@ def write_summary(
     new: bool,
     html: bool,
 ) -> SummaryWritten:
-    from agent.reports import SessionRef, write_improvement_docs, write_status_summary
     from tools import analysis
+    from tools.reports import SessionRef, write_improvement_docs, write_status_summary
 
     record = store.get_session(session_ref)
     ref = SessionRef(store, paths, record.id)
@@ -288,7 +288,7 @@ class AuditResult(BaseModel):
 
 
 def audit_flags(flags: str, engine: str, engine_version: str | None) -> AuditResult:
-    from agent.session import load_engine
+    from agent.contracts import load_engine
 
     if not flags.strip():
         raise PivotError("no flags to audit", hint="e.g. flags='--tp-size 8 --enable-mscclpp'")
@@ -305,7 +305,7 @@ def audit_flags(flags: str, engine: str, engine_version: str | None) -> AuditRes
 
 def status_text(store: Store, paths: Paths, session_id: str) -> str:
     """The latest status summary's markdown."""
-    from agent.reports import latest_status_doc
+    from tools.reports import latest_status_doc
 
     record = store.get_session(session_id)
     latest = latest_status_doc(store.documents(record.id))
