@@ -32,6 +32,9 @@ METHOD_SETTINGS = {
     "parallel": "parallel",
     "ray": "executor",
     "ray_gpus": "ray_gpus",
+    "mcp": "mcp_config",
+    "mcp_instructions": "mcp_instructions",
+    "investigator_model": "investigator_model",
 }
 
 
@@ -67,5 +70,5 @@ def session_settings(
     for key in ("api_key", "token", "password", "secret"):
         if any(key in k.lower() for k in opts):
             raise PivotError("engine options are stored in the ledger: pass secrets through the environment")
-    given = {field: method[option] for option, field in METHOD_SETTINGS.items() if option in method}
+    given = {field: method[option] for option, field in METHOD_SETTINGS.items() if method.get(option) is not None}
     return m.SessionSettings(**given, engine_options=opts)

@@ -48,6 +48,7 @@ from agent import plugins
 from agent.context import CompactHistory
 from agent.errors import PivotError
 from agent.session import Session
+from agent.session_tools import session_toolsets
 from agent.text import quote
 from tools.method import Method, MethodGuard, method_text
 
@@ -463,6 +464,7 @@ async def _run_async(
     store.set_session_status(session.id, "active")
     agent = build_agent(compact)
     limits = usage_limits or UsageLimits(request_limit=session.settings.request_limit, tool_calls_limit=None)
+    extra = [MethodGuard(t) for t in session_toolsets(session, toolsets())]  # investigate, --mcp servers
     try:
         async with agent.iter(
             prompt,
@@ -471,6 +473,7 @@ async def _run_async(
             message_history=history or None,
             deferred_tool_results=deferred,
             usage_limits=limits,
+            toolsets=extra,
         ) as agent_run:
             meter.run = agent_run
             async for node in agent_run:

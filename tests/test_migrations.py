@@ -26,6 +26,7 @@ TABLES = {
     "findings",
     "microbench_results",
     "plan_changes",
+    "investigations",
 }
 
 

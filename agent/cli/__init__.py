@@ -18,6 +18,7 @@ from agent.cli.bench import bench
 from agent.cli.chat import chat
 from agent.cli.engine_tools import audit_flags_cmd, power, profile
 from agent.cli.engines import launch_bench, serve, servers
+from agent.cli.mcp import mcp_cmd
 from agent.cli.microbench import microbench
 from agent.cli.reports import analyze, docs, import_cmd, summary
 from agent.cli.run import demo, resume, run_cmd
@@ -27,7 +28,7 @@ __all__ = ["Home", "PivotGroup", "cli", "main", "pass_home"]
 
 for command in (
     sim, bench, serve, launch_bench, servers, audit_flags_cmd, power, profile, summary, docs, analyze, import_cmd,
-    microbench, demo, run_cmd, resume, chat,
+    microbench, demo, run_cmd, resume, chat, mcp_cmd,
 ):  # fmt: skip
     cli.add_command(command)
 

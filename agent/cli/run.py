@@ -14,6 +14,7 @@ import click
 
 from agent import models as m
 from agent.cli.engines import ENGINE, _engine_options
+from agent.cli.mcp_options import check_investigator, mcp_options, settings_update, with_mcp_options
 from agent.console import err, out, print_json, warn
 from agent.defaults import DEMO_NOISE, DEMO_PLAN, default_model, session_settings, setting
 from agent.defaults import ENGINE as DEFAULT_ENGINE
@@ -65,6 +66,7 @@ def _start(
     model_name = default_model(method["model"])
     if model_name != loop.AUTOPILOT:  # a missing key fails here, before a session is recorded for nothing
         loop.provider_model(model_name, method["model_base_url"])
+    check_investigator(method.get("investigator_model"))
     executor = _open_executor(settings)  # a cluster out of reach fails before a session is recorded
     try:
         session = Session.create(
@@ -287,6 +289,7 @@ def _method_options(f: Any) -> Any:
                 help="Model requests per run before pivot stops it (resume goes on).",
             ),
             *_executor_options(),
+            *mcp_options(),
             click.option("--quiet", "-q", is_flag=True, help="No progress on stderr (warnings only)."),
             click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON on stdout."),
         ]
@@ -376,6 +379,10 @@ def _resume_executor(session: Session, ray: str | None, parallel: int | None, ra
         session.refresh()
 
 
+def _mcp_options_for_resume(f: Any) -> Any:
+    return with_mcp_options(f, resume=True)
+
+
 @click.command()
 @click.argument("session_ref", metavar="SESSION")
 @click.option(
@@ -393,6 +400,7 @@ def _resume_executor(session: Session, ray: str | None, parallel: int | None, ra
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr (warnings only).")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON on stdout.")
 @_executor_options_for_resume
+@_mcp_options_for_resume
 @click.pass_context
 def resume(
     ctx: click.Context,
@@ -405,6 +413,9 @@ def resume(
     ray: str | None,
     parallel: int | None,
     ray_gpus: int | None,
+    mcp: str | None,
+    mcp_instructions: bool | None,
+    investigator_model: str | None,
 ) -> None:
     """Resume a session where it stopped: answer its pivot, or go on after a kill (leftover servers are stopped).
 
@@ -413,10 +424,13 @@ def resume(
     started from when it was edited since.
     """
     from agent import loop
+    from agent.cli.mcp_options import apply_to_session
 
     home = ctx.obj
+    update = settings_update(mcp, mcp_instructions, investigator_model)  # checked before the session is opened
     session = Session.open(home.store, home.paths, session_ref, events=Progress(quiet))
     with session:
+        apply_to_session(session, update)
         if plan_ref is not None:
             _take_plan(session, load_plan(plan_ref))
         elif answer is not None and _baseline_failed(session):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+from rich.markup import escape
 
 from agent import plugins
 from agent.cli.base import cli
@@ -11,8 +12,15 @@ from agent.console import out, print_json, warn
 
 @cli.command("tools")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def tools_cmd(as_json: bool) -> None:
-    """List the tool plugins with their tools, and the engines."""
+@click.option(
+    "--mcp",
+    "mcp",
+    metavar="FILE",
+    help="Also start the servers of this `mcpServers` JSON file, one at a time, and list their tools as the agent "
+    "would get them (prefixed by server name).",
+)
+def tools_cmd(as_json: bool, mcp: str | None) -> None:
+    """List the tool plugins with their tools, and the engines (and with --mcp, the MCP servers' tools)."""
     failures: list[plugins.PluginFailure] = []
     toolsets = plugins.load_all(plugins.TOOLS_GROUP, on_failure=failures.append)
     engines = plugins.load_all(plugins.ENGINES_GROUP, on_failure=failures.append)
@@ -27,6 +35,16 @@ def tools_cmd(as_json: bool) -> None:
         }
         for name, ts in toolsets.plugins.items()
     ]
+    from agent import investigate
+
+    tool_rows.append(  # added to every session's runs (agent/session_tools.py), not an entry point
+        {
+            "plugin": "investigate",
+            "distribution": None,
+            "entry_point": "agent.investigate:toolset (built in)",
+            "tools": [{"name": n, "description": d} for n, d in plugins.describe_tools(investigate.toolset)],
+        }
+    )
     engine_rows = [
         {
             "engine": name,
@@ -36,8 +54,12 @@ def tools_cmd(as_json: bool) -> None:
         }
         for name, factory in engines.plugins.items()
     ]
+    servers = _mcp_rows(mcp, list(toolsets.plugins.values())) if mcp else None
     if as_json:
-        print_json({"tools": tool_rows, "engines": engine_rows, "failed": [str(f) for f in failures]})
+        shown = {"tools": tool_rows, "engines": engine_rows, "failed": [str(f) for f in failures]}
+        if servers is not None:
+            shown["mcp"] = [s.model_dump() for s in servers]
+        print_json(shown)
         return
     out.print("[bold]Tool plugins[/]", markup=True)
     if not tool_rows:
@@ -51,3 +73,29 @@ def tools_cmd(as_json: bool) -> None:
         out.print("  (none installed)")
     for row in engine_rows:
         out.print(f"  {row['engine']:<12} {row['description']}  [dim]({row['distribution']})[/]", markup=True)
+    if servers is not None:
+        _print_mcp(servers)
+
+
+def _mcp_rows(path: str, own: list) -> list:
+    from agent.mcp.client import list_servers
+    from agent.session_tools import own_tool_names
+
+    rows = list_servers(path, own_tool_names(own))
+    for row in rows:
+        if row.error:
+            warn(f"MCP server {row.server!r}: {row.error}")
+        for name in row.left_out:
+            warn(f"MCP server {row.server!r}: {name} is named like one of pivot's own tools and is left out")
+    return rows
+
+
+def _print_mcp(rows: list) -> None:
+    out.print("\n[bold]MCP servers[/]", markup=True)
+    if not rows:
+        out.print("  (none enabled)")
+    for row in rows:
+        state = f"[red]{escape(row.error)}[/]" if row.error else f"{len(row.tools)} tools"
+        out.print(f"  {escape(row.server)}  [dim]({escape(row.where)})[/]  {state}", markup=True, highlight=False)
+        for tool in row.tools:
+            out.print(f"    {tool.name:<24} {tool.description}", highlight=False)

@@ -43,6 +43,7 @@ from agent.models.findings import (
     ModelUsage,
     parse_levels,
 )
+from agent.models.investigations import Investigation, InvestigationKind, InvestigationStatus
 from agent.models.ledger import (
     Document,
     Event,
@@ -86,6 +87,9 @@ __all__ = [
     "FlagIssue",
     "FlagStatus",
     "GpuTelemetry",
+    "Investigation",
+    "InvestigationKind",
+    "InvestigationStatus",
     "ItemKind",
     "MicrobenchResult",
     "ModelUsage",

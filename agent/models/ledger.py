@@ -196,6 +196,17 @@ class SessionSettings(_Model):
     ray_gpus: int | None = Field(
         default=None, ge=0, description="With executor local: the GPUs the local Ray instance offers (None: detected)."
     )
+    mcp_config: str | None = Field(
+        default=None,
+        description="An `mcpServers` JSON file whose servers' tools the agent's model gets (--mcp): its absolute path "
+        "only, never its contents (the env values in it may hold keys).",
+    )
+    mcp_instructions: bool = Field(
+        default=False, description="Whether the MCP servers' own instructions go to the model (--mcp-instructions)."
+    )
+    investigator_model: str | None = Field(
+        default=None, description="The model of sub-agent investigations (--investigator-model); None: the session's."
+    )
     search: bool = Field(
         default=True,
         description="The twin-guided search (tools/search.py: predicted candidates, combined steps, retests, no "

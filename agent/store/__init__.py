@@ -15,6 +15,7 @@ from agent.store.documents import DocumentsMixin
 from agent.store.experiments import ExperimentsMixin
 from agent.store.findings import FindingsMixin
 from agent.store.history import HistoryMixin
+from agent.store.investigations import InvestigationsMixin
 from agent.store.locks import LocksMixin, _pid_alive, _proc_start
 from agent.store.migrations import MIGRATIONS, Migration
 from agent.store.pivots import PivotsMixin
@@ -48,6 +49,7 @@ class Store(
     FindingsMixin,
     PivotsMixin,
     UsageMixin,
+    InvestigationsMixin,
     ServersMixin,
     StoreCore,
 ):

@@ -369,6 +369,32 @@ def _m012_placement(db: Database) -> None:
     db["bench_runs"].add_column("placement_json", str)
 
 
+def _m013_investigations(db: Database) -> None:
+    """Sub-agent investigations: the question, the tools the sub-agent read, its model's use and its report."""
+    db["investigations"].create(
+        {
+            "id": int,
+            "session_id": str,
+            "kind": str,
+            "question": str,
+            "experiment_id": int,
+            "model": str,
+            "tools_used_json": str,
+            "requests": int,
+            "input_tokens": int,
+            "output_tokens": int,
+            "status": str,
+            "report": str,
+            "created_at": str,
+            "finished_at": str,
+        },
+        pk="id",
+        foreign_keys=[("session_id", "sessions", "id")],
+        not_null={"session_id", "kind", "question", "model", "status", "created_at"},
+    )
+    db["investigations"].create_index(["session_id"])
+
+
 MIGRATIONS: list[Migration] = [
     ("001_initial", _m001_initial),
     ("002_server_processes", _m002_server_processes),
@@ -381,4 +407,5 @@ MIGRATIONS: list[Migration] = [
     ("009_truth", _m009_truth),
     ("011_usage", _m011_usage),
     ("012_placement", _m012_placement),
+    ("013_investigations", _m013_investigations),
 ]

@@ -24,6 +24,7 @@ class Ledger:
     pivots: list[m.Pivot]
     runs: dict[int, int] = field(default_factory=dict)  # experiment -> benchmark runs (reruns average)
     usage: list[m.ModelUsage] = field(default_factory=list)  # the model's use, one row per agent run
+    investigations: list[m.Investigation] = field(default_factory=list)  # sub-agent reports (agent/investigate.py)
     # experiment -> concurrency -> (max - min) / mean of its runs' output tok/s, in %, where it has two or more
     spread_pct: dict[int, dict[int, float]] = field(default_factory=dict)
 
@@ -63,6 +64,7 @@ class Ledger:
             pivots=store.pivots(record.id),
             runs=runs,
             usage=store.usage(record.id),
+            investigations=store.investigations(record.id),
             spread_pct=spread,
         )
 

@@ -110,6 +110,8 @@ def render_status(ledger: Ledger, number: int, question: str | None, options: Se
     out += ["## What was tried", "", *_what_was_tried(ledger, tried, used)]
     out += ["## Ruled out", "", *_ruled_out(ledger, tried)]
     out += ["## Root cause", "", *_root_cause(ledger, used)]
+    if ledger.investigations:
+        out += ["## Investigations", "", *_investigations(ledger)]
     steps = next_steps(ledger)
     out += ["## Next steps", "", *_next_steps(ledger, steps, tried)]
     if question is None:
@@ -388,6 +390,25 @@ def _root_cause(ledger: Ledger, used: set[int]) -> list[str]:
     if claims:
         out += ["Plan checks (physics and direction):", ""]
         out += [f"- {f.severity}: {f.text}" for f in claims] + [""]
+    return out
+
+
+def _investigations(ledger: Ledger) -> list[str]:
+    """Each sub-agent investigation: its question, what it read, its model's use and its report (quoted)."""
+    out: list[str] = []
+    for inv in ledger.investigations:
+        about = f", experiment #{inv.experiment_id}" if inv.experiment_id is not None else ""
+        tools = ", ".join(dict.fromkeys(inv.tools_used)) or "no tools"
+        tokens = inv.input_tokens + inv.output_tokens
+        out += [
+            f"**Investigation {inv.id}** ({inv.kind.replace('_', ' ')}{about}; {inv.status}): {inv.question}",
+            "",
+            f"Read with {tools}; model {inv.model}, {inv.requests} request{'s' if inv.requests != 1 else ''}, "
+            f"{tokens:,} tokens. Its report:",
+            "",
+            *[f"> {line}" if line.strip() else ">" for line in (inv.report or "(no report)").splitlines()],
+            "",
+        ]
     return out
 
 
