@@ -89,6 +89,7 @@ async def test_a_model_that_calls_every_tool_leaves_the_expected_rows(store, pat
             ("stop_server", {}),
             ("run_experiments", {"experiments": [{"experiment_id": 1}]}),  # the same run, through the executor
             ("microbench", {}),
+            ("investigate", {"question": "What bounds the baseline?", "kind": "root_cause", "experiment_id": 1}),
             ("write_status_summary", {"question": "Go on with Tier 2?", "options": ["yes", "no"]}),
             ("ask_user", {"question": "Go on with Tier 2?", "options": ["yes", "no"]}),
         ]
@@ -111,7 +112,7 @@ async def test_a_model_that_calls_every_tool_leaves_the_expected_rows(store, pat
     docs = store.documents(sid)
     assert {d.kind for d in docs} == {"improvement", "status"}
     pivot = store.open_pivot(sid)
-    assert pivot is not None and pivot.tool_call_id == "c22" and pivot.summary_path.endswith("status-001.md")
+    assert pivot is not None and pivot.tool_call_id == "c23" and pivot.summary_path.endswith("status-001.md")
     assert store.servers(sid, running_only=True) == [] and s.live is None
     assert store.messages(sid)  # the conversation is in the ledger
     errors = script.retried()
