@@ -138,9 +138,9 @@ class BenchLevel(BaseModel):
     max_concurrent_requests: int | None = None
     # SGLang 0.5.23's --goodput keys (written only when SLOs were given, as SGLang writes them).
     goodput_slos_ms: dict[str, float] | None = None
-    request_goodput: float | None = Field(default=None, description="Good requests per second of duration.")
+    request_goodput: float | None = Field(default=None, ge=0, description="Good requests per second of duration.")
     slo_attainment: float | None = Field(
-        default=None, description="Good requests / requests sent (failed ones count against it), 0..1."
+        default=None, ge=0, le=1, description="Good requests / requests sent (failed ones count against it), 0..1."
     )
     slo_attainment_by_metric: dict[str, float] | None = Field(
         default=None, description="Per SLO: requests that succeeded and met it / requests sent, 0..1."

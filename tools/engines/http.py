@@ -22,6 +22,7 @@ from agent.errors import PivotError
 from agent.session import Paths
 from tools.engines.failures import COMMON_RULES, FailureRule, short_line
 from tools.engines.process import ManagedServer
+from tools.telemetry.summary import energy_fields
 
 if TYPE_CHECKING:
     from agent.session import Session
@@ -34,6 +35,8 @@ RATE_KEYS = (
     "output_throughput",
     "total_throughput",
     "max_output_tokens_per_s",
+    "request_goodput",
+    "token_goodput_tok_s",
 )
 CLIENT_DELAY_KEYS = ("mean_dispatch_delay_ms", "max_dispatch_delay_ms")  # the client's: stay on the wall clock
 LAG_WARN_SHARE = 0.1  # a level during which the twin lost more than this share of its duration gets a warning
@@ -270,7 +273,7 @@ class HttpDeployment:
                 if on_progress is not None and (p.phase != "running" or p.requests_done == 0):
                     on_progress(str(p))
 
-            one = spec.model_copy(update={"concurrency": [concurrency]})
+            one = spec.model_copy(update={"concurrency": [concurrency], **self._wall_clock_slos(spec)})
             await asyncio.to_thread(recorder.mark_level, concurrency)
             lag_before = await asyncio.to_thread(self._wall_lag)
             task = asyncio.create_task(
@@ -314,7 +317,8 @@ class HttpDeployment:
                 level = self._failed_level(spec, concurrency, f"server crashed ({self.server.failure})")
                 if output_file is not None:
                     loadgen.append_jsonl(output_file, level)
-            await asyncio.to_thread(recorder.end_level, level.total_output_tokens)
+            telemetry = await asyncio.to_thread(recorder.end_level, level.total_output_tokens)
+            level = level.model_copy(update=energy_fields(telemetry, level.total_output_tokens))
             if crashed:
                 why = short_line(self.server.failure_line) if self.server.failure_line else self.server.exit_text()
                 note = f"the server crashed during this level: {self.server.failure} ({why})"
@@ -347,7 +351,7 @@ class HttpDeployment:
 
     def _failed_level(self, spec: m.BenchSpec, concurrency: int, reason: str) -> m.BenchLevel:
         """A level whose every request failed without being sent (the server is gone)."""
-        from tools.metrics import compute_level
+        from tools.metrics import compute_level, failed_goodput
 
         n = spec.prompts_for(concurrency)
         base = compute_level(
@@ -360,7 +364,20 @@ class HttpDeployment:
             random_output_len=spec.random_output_len,
             random_range_ratio=spec.random_range_ratio,
         )
-        return m.BenchLevel(**base.model_dump(exclude={"failed", "errors"}), failed=n, errors={reason: n})
+        return m.BenchLevel(
+            **base.model_dump(exclude={"failed", "errors"}),
+            failed=n,
+            errors={reason: n},
+            **failed_goodput(spec.goodput_slos_ms),
+        )
+
+    def _wall_clock_slos(self, spec: m.BenchSpec) -> dict[str, Any]:
+        """The spec's SLOs on the wall clock of a twin served `time_scale` times faster than its GPUs (the load
+        generator measures wall time; `_scaled` converts the level back to simulated time)."""
+        k = self.time_scale
+        if not spec.goodput_slos_ms or k is None or k == 1.0:
+            return {}
+        return {"goodput_slos_ms": {name: ms / k for name, ms in spec.goodput_slos_ms.items()}}
 
     def _wall_lag(self) -> float | None:
         """How many wall seconds the twin's clock has lost waiting for this host (None for a real server)."""
@@ -393,4 +410,6 @@ class HttpDeployment:
             f"{k:g}-second buckets; a lower time scale is closer to the GPUs"
         )
         data["warnings"] = [*level.warnings, note]
+        if isinstance(data.get("goodput_slos_ms"), dict):  # the SLOs the wall-clock level was judged by, scaled back
+            data["goodput_slos_ms"] = {name: round(ms * k, 6) for name, ms in data["goodput_slos_ms"].items()}
         return m.BenchLevel.model_validate(data)

@@ -21,7 +21,7 @@ from agent import models as m
 from agent.errors import PivotError
 from tools.engines.sim.costmodel import CostModel, Parallel
 from tools.engines.sim.scheduler import LevelSimulation, SchedulerLimits, simulate_level
-from tools.metrics import compute_level, workload_draws
+from tools.metrics import compute_level, failed_goodput, workload_draws
 from tools.profiles import Fault, HardwareProfile, ModelProfile, load_hardware, load_model
 
 GIB = 1 << 30
@@ -293,10 +293,16 @@ class Twin:
             random_output_len=spec.random_output_len,
             random_range_ratio=spec.random_range_ratio,
             check=check,
+            goodput_slos_ms=spec.goodput_slos_ms,
         )
+        power = self.power_w(sim)
+        joules = power * self.par.gpus * sim.wall_s
         return m.BenchLevel(
-            **level.model_dump(),
-            mean_gpu_power_w=round(self.power_w(sim), 1),
+            **level.model_dump(exclude={"mean_gpu_power_w", "energy_per_output_token_j"}),
+            mean_gpu_power_w=round(power, 1),
+            energy_per_output_token_j=round(joules / level.total_output_tokens, 4)
+            if level.total_output_tokens
+            else None,
             max_token_usage=round(sim.max_token_usage, 4),
         )
 
@@ -313,6 +319,7 @@ class Twin:
             "power_limit_w": self.hw.tdp_w,
             "util_gpu_pct_mean": round(100 * busy, 1),
             "energy_j": round(power * sim.wall_s, 1),
+            "energy_source": "model",
         }
         return m.Telemetry(
             source="simulated",
@@ -341,6 +348,7 @@ class Twin:
                     **compute_level([], max_concurrency=concurrency).model_dump(exclude={"failed", "errors"}),
                     failed=n,
                     errors={"connection refused (server is down)": n},
+                    **failed_goodput(spec.goodput_slos_ms),
                 )
                 out.append((level, sim))
                 continue
