@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from agent.session import Session
     from tools.loadgen import LevelProgress
     from tools.telemetry import TelemetryRecorder
+    from tools.telemetry.power import PowerLimits
 
 RATE_KEYS = (
     "request_throughput",
@@ -90,27 +91,56 @@ def read_telemetry(deployment: HttpDeployment) -> m.Telemetry:
 def start_deployment(argv: list[str], *, log_path: Path, base_url: str, engine: str, health_url: str, host: str,
                      env: dict[str, str], cwd: Path | str | None, ready_line: str | None, stop_grace_s: float,
                      ledger: LedgerLink | None, failure_rules: Sequence[FailureRule] = COMMON_RULES,
-                     owner_check: bool = True, **deployment: Any) -> HttpDeployment:  # fmt: skip
+                     owner_check: bool = True, power_limit_w: float | None = None, gpu_count: int = 1,
+                     **deployment: Any) -> HttpDeployment:  # fmt: skip
     """Start `argv` as a ManagedServer (recorded in `ledger`) and wrap it: what every HTTP engine's launch() does.
     `owner_check` false: the server runs behind a launch prefix (docker exec, ssh), so this host cannot tell whether
-    the socket on its port is the server's own."""
-    server = ManagedServer(
-        argv,
-        log_path=log_path,
-        base_url=base_url,
-        engine=engine,
-        health_url=health_url,
-        host=host,
-        env=env,
-        cwd=cwd,
-        ready_line=ready_line,
-        stop_grace_s=stop_grace_s,
-        ledger=ledger,
-        failure_rules=failure_rules,
-        owner_check=owner_check,
-    )
-    server.start()
-    return HttpDeployment(server, engine=engine, **deployment)
+    the socket on its port is the server's own. `power_limit_w`: a GPU power limit set through NVML on the server's
+    `gpu_count` GPUs before it starts, restored when it stops (PowerLimitRefused where the driver will not)."""
+    limits = limit_power(engine, power_limit_w, log_path, {**os.environ, **env}, gpu_count, deployment.get("source"))
+    try:
+        server = ManagedServer(
+            argv,
+            log_path=log_path,
+            base_url=base_url,
+            engine=engine,
+            health_url=health_url,
+            host=host,
+            env=env,
+            cwd=cwd,
+            ready_line=ready_line,
+            stop_grace_s=stop_grace_s,
+            ledger=ledger,
+            failure_rules=failure_rules,
+            owner_check=owner_check,
+        )
+        server.start()
+    except BaseException:
+        if limits is not None:
+            limits.restore()
+        raise
+    return HttpDeployment(server, engine=engine, power_limits=limits, **deployment)
+
+
+POWER_PENDING = "power-limits-to-restore.json"  # beside the server logs while a power limit is set
+
+
+def limit_power(engine: str, watts: float | None, log_path: Path, env: Mapping[str, str], gpus: int,
+                source: object) -> PowerLimits | None:  # fmt: skip
+    """Limits a killed pivot left set beside these logs put back, then `watts` set on the server's GPUs (None:
+    nothing to set). A server of the twin (sim-http) has no GPUs to limit: refused, as the sim engine models it."""
+    from tools.telemetry.power import PowerLimitRefused, restore_pending, server_gpus, set_power_limits
+
+    pending = log_path.parent / POWER_PENDING
+    restore_pending(pending)
+    if watts is None:
+        return None
+    if source == "simulated":
+        raise PowerLimitRefused(
+            f"{engine} serves the twin without its power model: it cannot run under a GPU power limit",
+            hint="run power items on the sim engine (the twin models the limit) or on GPUs",
+        )
+    return set_power_limits(server_gpus(dict(env), gpus), watts, pending_path=pending)
 
 
 class HttpDeployment:
@@ -135,8 +165,10 @@ class HttpDeployment:
         audit: Sequence[m.FlagIssue] = (),
         gauges: Mapping[str, str] | None = None,
         auth_env: str | None = None,
+        power_limits: PowerLimits | None = None,
     ) -> None:
         self.server, self.engine, self.source, self.backend = server, engine, source, backend
+        self.power_limits = power_limits  # GPU power limits set for this server (a power item), restored at stop()
         self.gauges: Mapping[str, str] = dict(gauges or {})  # pivot's gauge name -> the engine's Prometheus name
         self.endpoint, self.model, self.warmup_pause_s, self.time_scale = endpoint, model, warmup_pause_s, time_scale
         self.audit = list(audit)
@@ -201,7 +233,11 @@ class HttpDeployment:
         return profile_server(self.base_url, out_dir, spec=spec)
 
     def stop(self) -> None:
-        self.server.stop()
+        try:
+            self.server.stop()
+        finally:
+            if self.power_limits is not None:
+                self.power_limits.restore()
 
     # ---- benchmark
 
