@@ -126,3 +126,58 @@ def test_bad_goodput_is_one_line():
     assert "unknown SLO 'itl'" in result.stderr and "Traceback" not in result.output
     result = CliRunner().invoke(cli, ["bench", "--base-url", "http://127.0.0.1:9", "tpot:5"])
     assert result.exit_code == 1 and "SLO pairs follow --goodput" in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------- the twin, imports
+
+
+def test_sim_predict_goodput_is_the_definition_on_the_twins_own_requests():
+    from tools.engines.sim.twin import Twin
+
+    result = CliRunner().invoke(cli, ["sim", "predict", "--concurrency", "64", "--json", "--goodput", "ttft:3000",
+                                      "tpot:150", "--", "--tp-size", "8"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (shown,) = json.loads(result.stdout)
+    twin = Twin.build("glm-5-nvfp4", "rtx-pro-6000-blackwell", 8, m.ServerConfig.parse("--tp-size 8"))
+    spec = m.BenchSpec(random_input_len=256, random_output_len=256, concurrency=[64], prompts_per_concurrency=1)
+    sim = twin.simulate(spec, 64)
+    direct = compute_level(sim.records, max_concurrency=64, goodput_slos_ms={"ttft": 3000, "tpot": 150})
+    for key in ("goodput_slos_ms", "slo_attainment", "slo_attainment_by_metric", "request_goodput"):
+        assert shown[key] == pytest.approx(getattr(direct, key)), key
+    assert 0 < shown["slo_attainment"] < 1
+
+
+def test_the_twin_served_faster_judges_requests_by_slos_on_its_own_clock():
+    """sim-http at time scale k: the load generator sees latencies k times shorter, so the SLOs it judges by are k
+    times shorter, and the level converted back to simulated time reports the SLOs as given."""
+    from tools.engines.http import HttpDeployment
+
+    dep = HttpDeployment(server=None, engine="sim-http", source="simulated", time_scale=20.0)  # type: ignore[arg-type]
+    spec = m.BenchSpec(goodput_slos_ms={"ttft": 500, "tpot": 50})
+    assert dep._wall_clock_slos(spec) == {"goodput_slos_ms": {"ttft": 25.0, "tpot": 2.5}}
+    wall = compute_level(SGLANG_CASES, max_concurrency=1, goodput_slos_ms={"ttft": 25.0, "tpot": 2.5})
+    level = dep._scaled(wall)
+    assert level.goodput_slos_ms == {"ttft": 500.0, "tpot": 50.0}
+    assert level.slo_attainment == wall.slo_attainment
+    assert level.request_goodput == pytest.approx(wall.request_goodput / 20)  # type: ignore[operator]
+
+
+def test_import_reads_sglangs_goodput_keys(tmp_path, store, paths):
+    from agent.imports import import_bench_serving
+
+    level = compute_level(SGLANG_CASES, max_concurrency=4, goodput_slos_ms={"ttft": 300, "tpot": 150})
+    data = level.model_dump()
+    data.pop("token_goodput_tok_s")  # SGLang writes its own four keys, not pivot's token goodput
+    bad = {**data, "max_concurrency": 8, "slo_attainment": 40.0}  # a percentage where SGLang writes a share
+    path = tmp_path / "bench.jsonl"
+    path.write_text(json.dumps(data) + "\n" + json.dumps(bad) + "\n")
+    plan = m.Plan.model_validate({"name": "p", "title": "p", "target": {"model": "x", "hardware": "h200", "gpus": 1},
+                                  "items": [{"id": "01", "tier": 1, "title": "t", "kind": "code", "change": "c",
+                                             "hypothesis": "h", "expected_impact": "e"}]})  # fmt: skip
+    store.create_session(m.Session(id="imp", name="imp", plan=plan, engine="sim"))
+    result = import_bench_serving(store, paths, "imp", path, label="by hand")
+    assert [p.line for p in result.skipped] == [2] and "slo_attainment" in result.skipped[0].message
+    e = store.get_experiment(result.experiment_id)
+    assert e.workload.goodput_slos_ms == {"ttft": 300.0, "tpot": 150.0}
+    ((imported,),) = [r.levels for r in store.bench_results(e.id or 0)]
+    assert imported.slo_attainment == 2 / 5 and imported.slo_attainment_by_metric == {"ttft": 3 / 5, "tpot": 3 / 5}
