@@ -154,10 +154,18 @@ def _charts(ledger: Ledger, charts: Any) -> list[tuple[str, str, bytes]]:
             ),
         )
     )
-    power_exps = [e for e in exps if role(e) in ("baseline", "best")]
+    out += _power_chart(ledger, charts, exps, role, label, note)
+    out += _energy_chart(ledger, charts, exps, role, label, note)
+    out += _attainment_chart(ledger, charts, exps, role, label, note)
+    return out
+
+
+def _power_chart(ledger: Ledger, charts: Any, exps: list[m.Experiment], role: Any, label: Any,
+                 note: str) -> list[tuple[str, str, bytes]]:  # fmt: skip
+    """Mean power per GPU at each level of the baseline and the best, against the power limit."""
     limit = None
     power_series = []
-    for e in power_exps:
+    for e in [e for e in exps if role(e) in ("baseline", "best")]:
         points = {}
         for c in ledger.ok_levels(e):
             w, lim = ledger.power_w(e, c)
@@ -166,17 +174,15 @@ def _charts(ledger: Ledger, charts: Any) -> list[tuple[str, str, bytes]]:
                 limit = limit or lim
         if points:
             power_series.append(charts.Series(label(e), points, role(e), tag=f"#{e.id}"))
-    if power_series:
-        out.append(
-            (
-                "power",
-                "Mean power per GPU at each level (baseline and best) against the power limit.",
-                charts.power_chart(power_series, title="Power per GPU", limit_w=limit, note=note),
-            )
+    if not power_series:
+        return []
+    return [
+        (
+            "power",
+            "Mean power per GPU at each level (baseline and best) against the power limit.",
+            charts.power_chart(power_series, title="Power per GPU", limit_w=limit, note=note),
         )
-    out += _energy_chart(ledger, charts, exps, role, label, note)
-    out += _attainment_chart(ledger, charts, exps, role, label, note)
-    return out
+    ]
 
 
 def _energy_chart(ledger: Ledger, charts: Any, exps: list[m.Experiment], role: Any, label: Any,
