@@ -5,7 +5,8 @@ driver does not allow it.
 its current limit (`nvmlDeviceGetPowerManagementLimit`), sets the new one (`nvmlDeviceSetPowerManagementLimit`,
 milliwatts) and returns a `PowerLimits` whose `restore()` puts every GPU back; a GPU that fails half-way restores
 the ones already set before the error is raised. Setting a limit needs root on most drivers
-(NVML_ERROR_NO_PERMISSION) and a GPU that supports power management. Every refusal is a `PowerLimitRefused` with
+(NVML_ERROR_NO_PERMISSION) and a GPU that supports power management; on an H200 (driver 580.159.04, as root) a set
+was accepted and read back (scripts/nvml_power_check.py sets the current limit, so nothing changes). Every refusal is a `PowerLimitRefused` with
 one line saying why and what to do (no NVML here, no permission, out of the card's range, not supported).
 
 Which GPUs: the ids in CUDA_VISIBLE_DEVICES (indices or GPU-... UUIDs) when set, else the first N GPUs, N being
