@@ -171,7 +171,7 @@ def plan_changes(old: Plan, new: Plan, experiments: list[Experiment] | None = No
         before = old.item(item.id)
         if before == item:
             continue
-        fields = [f for f in item.model_fields if getattr(before, f) != getattr(item, f)]
+        fields = [f for f in type(item).model_fields if getattr(before, f) != getattr(item, f)]
         detail = ""
         if "flags" in fields or "remove_flags" in fields:
             detail = f": flags {before.flags or '(none)'} -> {item.flags or '(none)'}"

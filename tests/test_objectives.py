@@ -92,6 +92,19 @@ def test_pivot_run_objective_and_slo_are_kept_with_the_session(tmp_path):
                 assert all(lv.slo_attainment is not None for lv in run.levels)
 
 
+def test_an_edited_plan_without_an_objective_keeps_the_sessions(store, paths, tmp_path, capsys):
+    from agent.cli.run import _take_plan
+    from agent.session import Session
+
+    plan = parse_plan(SMALL_PLAN, "p.toml").with_objective(m.Objective(kind="capacity", tpot_ms=80))
+    with Session.create(store, paths, plan, engine_name="sim") as session:
+        _take_plan(session, parse_plan(SMALL_PLAN.replace("+10% at 8", "+12% at 8"), "p.toml"))
+        assert session.record.plan.objective == m.Objective(kind="capacity", tpot_ms=80)
+        _take_plan(session, parse_plan(SMALL_PLAN + '\n[objective]\nkind = "throughput"\n', "p.toml"))
+        assert session.record.plan.objective == m.Objective()  # a file that says so replaces it, recorded
+    assert any(c.changes[0].startswith("objective: capacity") for c in store.plan_changes(session.id))
+
+
 def test_pivot_run_refuses_an_objective_that_does_not_hold_together(tmp_path):
     result = CliRunner().invoke(cli, ["--home", str(tmp_path), "run", "glm5-nvfp4-rtxpro6000x8", "--objective",
                                       "capacity"])  # fmt: skip

@@ -157,6 +157,8 @@ def _take_plan(session: Session, plan: m.Plan) -> None:
     from agent.plans import plan_changes
 
     store = session.store
+    if "objective" not in plan.model_fields_set:  # a file without [objective] keeps the session's (--objective)
+        plan = plan.with_objective(session.record.plan.objective)
     changes = plan_changes(session.record.plan, plan, store.experiments(session.id))
     if not changes:
         warn(f"the plan {plan.source or plan.name} is the session's plan as it is: nothing changed")
