@@ -13,9 +13,9 @@ Which GPUs: the ids in CUDA_VISIBLE_DEVICES (indices or GPU-... UUIDs) when set,
 the GPUs the server's flags occupy (SGLang and vLLM take GPUs from 0 unless told otherwise). NVML numbers GPUs by
 PCI bus; CUDA does too when CUDA_DEVICE_ORDER=PCI_BUS_ID (set it on hosts with mixed GPUs).
 
-A pivot killed while a limit is set leaves it set: the limits it set and the ones to restore are written to a
-small JSON file beside the server's log first (`pending_path`), and `restore_pending` (called by the next launch
-on that host, and by `pivot resume`) puts them back.
+A pivot killed while a limit is set leaves it set: the limits to restore are written to a small JSON file beside
+the server's log first (`pending_path`, under state/<session>/logs/), and `restore_pending`, called by the session's
+next launch of any server (tools/engines/http.py: `limit_power`), puts them back.
 """
 
 from __future__ import annotations
