@@ -117,6 +117,8 @@ def _spec(plan: m.Plan, level: m.BenchLevel, levels: list[int]) -> m.BenchSpec:
         update["dataset_name"] = level.dataset_name
     if isinstance(level.request_rate, int | float) and level.request_rate > 0:
         update["request_rate"] = level.request_rate
+    if level.goodput_slos_ms:  # bench_serving ran with --goodput: the SLOs its attainment was judged by
+        update["goodput_slos_ms"] = level.goodput_slos_ms
     try:
         return m.BenchSpec.model_validate({**plan.workload.model_dump(), **update})
     except ValidationError:

@@ -16,6 +16,11 @@ A plan file looks like this (see plans/ for complete ones):
     random_input_len = 1024
     concurrency = [1, 256, 512, 1024, 2048]
 
+    [objective]              # optional: output tok/s (kind = "throughput") when absent
+    kind = "capacity"        # throughput | goodput | capacity | energy
+    tpot_ms = 100            # SLOs per request, in ms: ttft_ms, tpot_ms, e2el_ms
+    attainment_target = 0.95
+
     [[items]]
     id = "01"
     tier = 1
@@ -153,7 +158,9 @@ def plan_changes(old: Plan, new: Plan, experiments: list[Experiment] | None = No
         out.append(f"base flags: {old.target.flags or '(none)'} -> {new.target.flags or '(none)'}")
     if old.target.engine_version != new.target.engine_version:
         out.append(f"engine version: {old.target.engine_version} -> {new.target.engine_version}")
-    if old.workload != new.workload:
+    if old.objective != new.objective:
+        out.append(f"objective: {old.objective.describe()} -> {new.objective.describe()}")
+    if old.workload.model_dump(exclude={"goodput_slos_ms"}) != new.workload.model_dump(exclude={"goodput_slos_ms"}):
         out.append("workload changed (results on the old one are not compared with the new one)")
     for item_id in removed:
         out.append(f"item {item_id} removed ({old.item(item_id).title})")
@@ -164,7 +171,7 @@ def plan_changes(old: Plan, new: Plan, experiments: list[Experiment] | None = No
         before = old.item(item.id)
         if before == item:
             continue
-        fields = [f for f in item.model_fields if getattr(before, f) != getattr(item, f)]
+        fields = [f for f in type(item).model_fields if getattr(before, f) != getattr(item, f)]
         detail = ""
         if "flags" in fields or "remove_flags" in fields:
             detail = f": flags {before.flags or '(none)'} -> {item.flags or '(none)'}"

@@ -144,7 +144,7 @@ def report(table: dict, calibration: dict[str, float]) -> None:
             f"{want['concurrency']:>6} {level.output_throughput:>8.0f} ({want['output_tok_s']:>6})"
             f" {level.total_throughput:>8.0f} ({want['total_tok_s']:>6})"
             f" {level.max_output_tokens_per_s:>8.0f} ({want['peak_output_tok_s']:>6})"
-            f" {level.mean_tpot_ms:>7.0f} ({want['tpot_ms']:>5}) {level.model_extra['mean_gpu_power_w']:>7.0f}"
+            f" {level.mean_tpot_ms:>7.0f} ({want['tpot_ms']:>5}) {level.mean_gpu_power_w:>7.0f}"
         )
     print("(twin, with the seeds' measurement in brackets)")
 

@@ -166,9 +166,13 @@ def test_status_summary_numbers_come_from_the_ledger(ledger, paths):
                 strict=True,
             ):
                 assert _close(cell, r[column]), (name, row, column, r[column])
-            assert row[6] == f"#{r['eid']}"
+            level = json.loads(r["level_json"])  # energy beside tok/s: W per GPU and J per output token
+            if level.get("mean_gpu_power_w") is not None:
+                assert _close(row[6], level["mean_gpu_power_w"]), (name, row)
+                assert _close(row[7], level["energy_per_output_token_j"]), (name, row)
+            assert row[8] == f"#{r['eid']}"
             config = json.loads(exps[r["eid"]]["config_json"])
-            assert all(f["name"] in row[7] for f in config["flags"] if f["name"] != "--model-path")
+            assert all(f["name"] in row[9] for f in config["flags"] if f["name"] != "--model-path")
 
         # What was tried: every experiment, with its verdict and the change against its base
         _, tabs = _walk(_section(text, "What was tried"))
@@ -220,6 +224,7 @@ def test_status_summary_numbers_come_from_the_ledger(ledger, paths):
         values = [float(v) for f in findings for v in json.loads(f["values_json"]).values()]
         for r in levels:
             values += [float(v) for v in r.values() if isinstance(v, int | float)]
+            values += [float(v) for v in json.loads(r["level_json"]).values() if isinstance(v, int | float)]
             base = by_key.get((r["base"], r["max_concurrency"]))
             if base:
                 for col in ("output_throughput", "mean_tpot_ms"):
@@ -329,7 +334,7 @@ def test_the_html_rendering_has_tables_and_charts(ledger, paths):
     html = (paths.home / doc.path).with_suffix(".html").read_text()
     assert "<table>" in html and html.count("<h2>") == len(STATUS_HEADINGS) + 1
     charts = re.findall(r'<img src="(charts/[^"]+\.png)"', html)
-    assert [Path(c).stem.split("-", 2)[2] for c in charts] == ["throughput", "tpot", "power"]
+    assert [Path(c).stem.split("-", 2)[2] for c in charts] == ["throughput", "tpot", "power", "energy"]
     for c in charts:
         data = (paths.home / doc.path).parent.joinpath(c).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000

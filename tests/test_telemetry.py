@@ -107,6 +107,7 @@ def test_per_level_summary_by_hand():
         mem_clock_mhz_mean=3200.0,
         mem_used_mib_max=1500.0, temperature_c_max=45.0,
         energy_j=500.0,                # counter 1500 - 1000
+        energy_source="counter",
     )  # fmt: skip
     assert g0.power_share_of_limit == pytest.approx(300 / 700)
     assert (g1.power_w_mean, g1.power_w_p95, g1.energy_j) == (130.0, 148.0, 300.0)

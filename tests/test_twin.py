@@ -57,7 +57,7 @@ def test_calibration_within_15_percent_of_the_seeds(calibrated, row):
 def test_peak_and_power_at_2048(calibrated):
     top = calibrated[2048]
     assert top.max_output_tokens_per_s == pytest.approx(7216, rel=0.25)
-    assert top.model_extra["mean_gpu_power_w"] == pytest.approx(TABLE["power_w_per_gpu_at"]["watts"], rel=0.15)
+    assert top.mean_gpu_power_w == pytest.approx(TABLE["power_w_per_gpu_at"]["watts"], rel=0.15)
 
 
 @pytest.mark.parametrize(
@@ -76,7 +76,7 @@ def test_power_never_falls_while_throughput_rises_at_a_fixed_config(model, hardw
     hw, cal = t.hw, t.hw.calibration
     previous = None
     for level, sim in results:
-        watts = level.model_extra["mean_gpu_power_w"]
+        watts = level.mean_gpu_power_w
         # the power is the cost model's own use of the tensor cores and the memory over the level's wall time
         use = cal.power_compute_weight * sim.tensor_s / sim.wall_s + sim.memory_s / sim.wall_s
         assert watts == pytest.approx(hw.idle_w + (hw.tdp_w - hw.idle_w) * min(cal.power_activity * use, 1), abs=0.1)

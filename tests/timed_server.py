@@ -1,7 +1,8 @@
 """A local streaming server with exactly known timing, for the load generator's tests and benchmarks.
 
-Every generation request gets its first token `ttft_ms` after its body arrived, then one token
-every `itl_ms`, on absolute deadlines (a late tick never shifts the ones after it), over SGLang's
+Every generation request gets its first token `ttft_ms` (plus `ttft_per_prompt_token_ms` per prompt token,
+0 by default: the stats count from the end of that delay) after its body arrived, then one token every
+`itl_ms`, on absolute deadlines (a late tick never shifts the ones after it), over SGLang's
 native `/generate` (SSE with cumulative `text` and `meta_info.completion_tokens`) and the
 OpenAI-compatible `/v1/completions` and `/v1/chat/completions` (one token per chunk, usage in a
 final chunk when `stream_options.include_usage` is set), each ending with `data: [DONE]`. Under
@@ -121,6 +122,7 @@ class TimedServer:
         *,
         ttft_ms: float = 20.0,
         itl_ms: float = 2.0,
+        ttft_per_prompt_token_ms: float = 0.0,
         faults: dict[int, str] | None = None,
         model: str = "timed-model",
         models_endpoint: bool = True,
@@ -131,6 +133,7 @@ class TimedServer:
                 raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
         self.ttft_s = ttft_ms / 1000
         self.itl_s = itl_ms / 1000
+        self.ttft_per_token_s = ttft_per_prompt_token_ms / 1000  # a known TTFT per request, for SLO tests
         self.faults = dict(faults or {})
         self.model = model
         self.models_endpoint = models_endpoint
@@ -222,7 +225,7 @@ class TimedServer:
             return
         loop = self._loop
         assert loop is not None
-        stream.arrived = loop.time()
+        stream.arrived = loop.time() + self.ttft_per_token_s * prompt_tokens  # the schedule starts after the prompt
         loop.call_at(stream.arrived + self.ttft_s, self._tick, stream)
 
     def _tick(self, s: _Stream) -> None:
@@ -436,7 +439,8 @@ def _parse_fault(text: str) -> tuple[int, str]:
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    server = TimedServer(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, faults=dict(args.fault), model=args.model)
+    server = TimedServer(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, faults=dict(args.fault), model=args.model,
+                         ttft_per_prompt_token_ms=args.ttft_per_prompt_token_ms)  # fmt: skip
     port = await server.start(args.host, args.port)
     print(f"port {port}", flush=True)
     stop = asyncio.Event()
@@ -455,6 +459,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--ttft-ms", type=float, default=20.0)
     parser.add_argument("--itl-ms", type=float, default=2.0)
+    parser.add_argument("--ttft-per-prompt-token-ms", type=float, default=0.0)
     parser.add_argument("--model", default="timed-model")
     parser.add_argument("--fault", type=_parse_fault, action="append", default=[], metavar="N=KIND")
     parser.add_argument("--stats", action="store_true", help="print the server's stats as JSON on stderr at exit")

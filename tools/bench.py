@@ -8,12 +8,14 @@ base (tools/method.py), so the verdict that follows rests on numbers the ledger 
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 from pydantic_ai import FunctionToolset, ModelRetry, RunContext
 
 from agent import models as m
+from agent.contracts import Deployment
 from agent.errors import PivotError
 from agent.session import LiveServer, Session
 from tools.experiments import raw_run_file
@@ -35,6 +37,11 @@ class LevelRow(BaseModel):
     mean_tpot_ms: float
     mean_itl_ms: float
     gpu_power_w: float | None = Field(default=None, description="Mean power per GPU during the level.")
+    energy_per_output_token_j: float | None = Field(default=None, description="Joules of all GPUs per output token.")
+    slo_attainment: float | None = Field(
+        default=None, description="With SLOs: good requests / requests sent (0..1; failures count against)."
+    )
+    token_goodput_tok_s: float | None = Field(default=None, description="With SLOs: output tok/s of good requests.")
 
 
 class BenchReport(BaseModel):
@@ -47,6 +54,9 @@ class BenchReport(BaseModel):
     server_alive: bool
     failure: str | None = Field(default=None, description="Classified reason when requests failed.")
     errors: list[str] = Field(default_factory=list, description="A few distinct request errors.")
+    capacity: str | None = Field(
+        default=None, description="A capacity objective: the highest load that met the SLOs, with its bracket."
+    )
     judgement: Judgement
 
 
@@ -61,6 +71,22 @@ def _power(t: m.Telemetry | None) -> float | None:
         return None
     watts = [g.power_w_mean for g in t.gpus if g.power_w_mean is not None]
     return round(sum(watts) / len(watts), 1) if watts else None
+
+
+def _with_capacity(
+    session: Session, e: m.Experiment, dep: Deployment, spec: m.BenchSpec, result: m.BenchResult, output_file: Path
+) -> m.BenchResult:
+    """A capacity objective's bracket, searched on the running server after its sweep (the result as it is for any
+    other objective, or when the server is down)."""
+    from tools.loadgen.capacity import capacity_search_of, run_capacity
+
+    engine = session.engine_for(session.settings.seed)
+    objective, start = capacity_search_of(session.plan.objective, engine, session.target, e.config, spec)
+    if objective is None or not dep.alive():
+        return result
+    capacity = run_capacity(dep, spec, objective, result, predicted=start, output_file=output_file,
+                            on_progress=lambda line: session.emit("progress", f"experiment {e.id}: {line}"))  # fmt: skip
+    return result.model_copy(update={"capacity": capacity})
 
 
 @toolset.tool
@@ -100,8 +126,9 @@ def run_benchmark(ctx: RunContext[Session], concurrency: list[int] | None = None
         )
     if not result.levels:
         raise PivotError(f"the benchmark of experiment {e.id} produced no level", hint="see server_status")
+    telemetry = list(dep.level_telemetry)  # the sweep's (a capacity level's benchmark starts afresh)
+    result = _with_capacity(session, e, dep, spec, result, output_file)
     run_id = store.add_bench_result(e.id or 0, result)
-    telemetry = list(dep.level_telemetry)
     for t in telemetry:
         store.add_telemetry(e.id or 0, t, run_id=run_id)
     by_level = {t.max_concurrency: t for t in telemetry}
@@ -126,6 +153,9 @@ def run_benchmark(ctx: RunContext[Session], concurrency: list[int] | None = None
             mean_tpot_ms=round(lv.mean_tpot_ms, 1),
             mean_itl_ms=round(lv.mean_itl_ms, 1),
             gpu_power_w=_power(by_level.get(lv.max_concurrency)),
+            energy_per_output_token_j=lv.energy_per_output_token_j,
+            slo_attainment=None if lv.slo_attainment is None else round(lv.slo_attainment, 4),
+            token_goodput_tok_s=None if lv.token_goodput_tok_s is None else round(lv.token_goodput_tok_s, 1),
         )
         for lv in result.levels
     ]
@@ -143,6 +173,7 @@ def run_benchmark(ctx: RunContext[Session], concurrency: list[int] | None = None
         server_alive=dep.alive(),
         failure=failure,
         errors=errors,
+        capacity=result.capacity.bracket_text if result.capacity is not None else None,
         judgement=judgement,
     )
 

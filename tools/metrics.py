@@ -21,6 +21,11 @@ pivot's numbers can be put next to the reference tool's:
 - max_output_tokens_per_s: the most token timestamps in any 1-second bucket since the first send,
   where a request's token timestamps are send + ttft, then + cumsum(itl).
 - max_concurrent_requests: the most successful requests in flight during any such 1-second bucket.
+Goodput, with SLOs (SGLang 0.5.23's `--goodput ttft:500 tpot:50 e2el:...`, in ms): a request is good when it
+succeeded and its TTFT, TPOT and E2E latency each met the SLO given for it (value <= SLO; a one-token answer has
+TPOT 0); `request_goodput` = good requests / duration, `slo_attainment` = good / requests sent (failed ones count
+against it), `slo_attainment_by_metric` = per SLO, requests that succeeded and met it / requests sent, and pivot's
+`token_goodput_tok_s` = output tokens of the good requests / duration.
 Failed requests are counted in `failed` and `errors` (reason -> count) and never raise. Two choices of
 our own: duration runs from the first send to the last end (bench_serving also counts its final
 /server_info call), and a stream that carried no token is a failure (bench_serving counts it as a
@@ -31,8 +36,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -129,9 +135,11 @@ def compute_level(
     random_output_len: int | None = None,
     random_range_ratio: float | None = None,
     check: Callable[[], None] | None = None,
+    goodput_slos_ms: Mapping[str, float] | None = None,
 ) -> BenchLevel:
     """bench_serving's metrics for one level, plus failures by reason; client-check fields are left unset.
-    `check` is called every few thousand records; it raises to stop (the sim engine on SIGTERM)."""
+    `check` is called every few thousand records; it raises to stop (the sim engine on SIGTERM). With
+    `goodput_slos_ms`, SGLang's goodput keys and pivot's token goodput too."""
     done = [r for r in records if r.ok]
     failed = [r for r in records if not r.ok]
     errors = Counter(r.error or "no tokens received" for r in failed)
@@ -195,7 +203,44 @@ def compute_level(
         max_concurrent_requests=max_conc,
         failed=len(failed),
         errors=dict(errors),
+        **goodput_fields(ttft, e2e, out_lens, len(records), duration, goodput_slos_ms),
     )
+
+
+def goodput_fields(
+    ttft_s: np.ndarray,
+    e2e_s: np.ndarray,
+    out_lens: np.ndarray,
+    sent: int,
+    duration_s: float,
+    slos_ms: Mapping[str, float] | None,
+) -> dict[str, Any]:
+    """SGLang's goodput keys and pivot's token goodput for the successful requests' TTFT, E2E latency (seconds)
+    and output lengths, out of `sent` requests (failed ones count against attainment); {} without SLOs."""
+    if not slos_ms:
+        return {}
+    tpot_s = np.where(out_lens > 1, (e2e_s - ttft_s) / np.maximum(out_lens - 1, 1), 0.0)
+    observed = {"ttft": ttft_s * 1000, "tpot": tpot_s * 1000, "e2el": e2e_s * 1000}
+    good = np.ones(out_lens.size, dtype=bool)
+    by_metric: dict[str, float] = {}
+    for name, slo in slos_ms.items():
+        met = observed[name] <= slo
+        good &= met
+        by_metric[name] = int(met.sum()) / sent if sent else 0.0
+    n_good = int(good.sum())
+    return {
+        "goodput_slos_ms": {k: float(v) for k, v in slos_ms.items()},
+        "request_goodput": n_good / duration_s,
+        "slo_attainment": n_good / sent if sent else 0.0,
+        "slo_attainment_by_metric": by_metric,
+        "token_goodput_tok_s": int(out_lens[good].sum()) / duration_s,
+    }
+
+
+def failed_goodput(slos_ms: Mapping[str, float] | None) -> dict[str, Any]:
+    """The goodput keys of a level whose every request failed (the server was down): nothing good."""
+    empty = np.empty(0)
+    return goodput_fields(empty, empty, np.empty(0, dtype=np.int64), 1, 1.0, slos_ms)
 
 
 def _peak_in_flight_per_second(spans: list[tuple[float, float]], t0: float, n_buckets: int) -> int:

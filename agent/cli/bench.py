@@ -7,6 +7,7 @@ level) on stdout, or with --json a JSON array of levels with bench_serving's key
 from __future__ import annotations
 
 import math
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +22,8 @@ from rich.text import Text
 
 from agent.console import err, out, print_json, warn
 from agent.errors import PivotError
-from agent.models import BenchLevel, BenchResult, BenchSpec, parse_levels
+from agent.models import BenchLevel, BenchResult, BenchSpec, parse_levels, parse_slos
+from agent.models.objective import SLO_LABELS
 
 EXIT_INTERRUPTED = 130  # what a shell reports for a process stopped by SIGINT
 
@@ -53,6 +55,16 @@ SUMMARY_ROWS: list[tuple[str, str, str]] = [
     ("Median ITL (ms)", "median_itl_ms", "{:,.2f}"),
     ("P99 ITL (ms)", "p99_itl_ms", "{:,.2f}"),
 ]
+# SGLang's --goodput block (attainment as a share of the requests sent, printed in %), pivot's token goodput, and
+# the level's energy where it was read (NVML on this host, or the twin's power model).
+GOODPUT_ROWS: list[tuple[str, str, str]] = [
+    ("Request goodput (req/s)", "request_goodput", "{:,.2f}"),
+    ("Token goodput (tok/s)", "token_goodput_tok_s", "{:,.2f}"),
+]
+ENERGY_ROWS: list[tuple[str, str, str]] = [
+    ("Mean power per GPU (W)", "mean_gpu_power_w", "{:,.1f}"),
+    ("Energy per output token (J)", "energy_per_output_token_j", "{:,.4f}"),
+]
 CLIENT_ROWS: list[tuple[str, str, str]] = [
     ("Mean requests in flight", "mean_in_flight", "{:,.1f}"),
     ("Peak requests in flight", "max_in_flight", "{:,.0f}"),
@@ -69,6 +81,29 @@ def _cell(level: BenchLevel, field: str, fmt: str) -> str:
     return fmt.format(value)
 
 
+def _attainment_cell(level: BenchLevel, metric: str | None) -> str:
+    """Attainment in % (overall, or for one SLO), as SGLang prints it."""
+    value = level.slo_attainment if metric is None else (level.slo_attainment_by_metric or {}).get(metric)
+    return "-" if value is None else f"{value * 100:,.2f}"
+
+
+def goodput_rows(levels: list[BenchLevel]) -> list[tuple[str, list[str]]]:
+    """SGLang's goodput block, one row per figure (SLOs, goodputs, attainment overall and per SLO): empty when no
+    level was judged by SLOs."""
+    judged = [lv for lv in levels if lv.goodput_slos_ms]
+    if not judged:
+        return []
+    slos = judged[0].goodput_slos_ms or {}
+    rows = [("SLOs (ms)", [" ".join(f"{k}:{v:g}" for k, v in (lv.goodput_slos_ms or {}).items()) or "-"
+                          for lv in levels])]  # fmt: skip
+    rows += [(label, [_cell(lv, field, fmt) for lv in levels]) for label, field, fmt in GOODPUT_ROWS]
+    rows.append(("SLO attainment (%)", [_attainment_cell(lv, None) for lv in levels]))
+    for metric in slos:
+        label = f"{SLO_LABELS.get(metric, metric).replace('E2E latency', 'E2EL')} SLO attainment (%)"
+        rows.append((label, [_attainment_cell(lv, metric) for lv in levels]))
+    return rows
+
+
 def summary_table(levels: list[BenchLevel]) -> Table:
     """bench_serving's result block, one column per concurrency level, then the client's own check."""
     table = Table(box=None, show_edge=False, pad_edge=False)
@@ -79,6 +114,14 @@ def summary_table(levels: list[BenchLevel]) -> Table:
         if field == "accept_length" and all(lv.accept_length is None for lv in levels):
             continue
         table.add_row(label, *(_cell(lv, field, fmt) for lv in levels))
+    goodput = goodput_rows(levels)
+    if goodput:
+        table.add_row(Text("goodput", style="dim"), *("" for _ in levels))
+        for label, cells in goodput:
+            table.add_row(label, *cells)
+    for label, field, fmt in ENERGY_ROWS:
+        if any(getattr(lv, field) is not None for lv in levels):
+            table.add_row(label, *(_cell(lv, field, fmt) for lv in levels))
     table.add_row(Text("client check", style="dim"), *("" for _ in levels))
     for label, field, fmt in CLIENT_ROWS:
         table.add_row(label, *(_cell(lv, field, fmt) for lv in levels))
@@ -212,6 +255,15 @@ BENCH_OPTIONS: list[Callable[[Any], Any]] = [
         type=click.Path(dir_okay=False, path_type=Path),
         help="Append one JSON line per level, with bench_serving's keys.",
     ),
+    click.option(
+        "--goodput",
+        "goodput",
+        multiple=True,
+        metavar="METRIC:MS",
+        help="SLOs per request in ms, as SGLang's benchmark takes them: --goodput ttft:500 tpot:50 e2el:20000 (or "
+        "ttft:500,tpot:50). Each level then reports request goodput, SLO attainment (overall and per SLO) and token "
+        "goodput; a request is good when it succeeded and met every SLO given.",
+    ),
     click.option("--json", "as_json", is_flag=True, help="Print only a JSON array of levels on stdout."),
     click.option(
         "--via",
@@ -241,8 +293,29 @@ def _with_options(options: list[Callable[[Any], Any]]) -> Callable[[Any], Any]:
     return apply
 
 
+def split_slos(goodput: tuple[str, ...], rest: tuple[str, ...]) -> tuple[dict[str, float] | None, tuple[str, ...]]:
+    """The SLOs of `--goodput A B C` (click takes one value per option: the pairs after the first arrive as
+    arguments, so the leading METRIC:MS arguments are the option's), and the arguments left."""
+    if not goodput:
+        return None, rest
+    pairs = list(goodput)
+    rest_list = list(rest)
+    while rest_list and SLO_PAIR.match(rest_list[0]):
+        pairs.append(rest_list.pop(0))
+    try:
+        return parse_slos(pairs), tuple(rest_list)
+    except ValueError as e:
+        raise PivotError(
+            f"bad --goodput: {e}", hint="write SLOs in ms as SGLang does: --goodput ttft:500 tpot:50"
+        ) from e
+
+
+SLO_PAIR = re.compile(r"^[A-Za-z0-9_]+:[^:]*$")
+
+
 @click.command("bench")
 @_with_options(BENCH_OPTIONS)
+@click.argument("slo_pairs", nargs=-1, metavar="[METRIC:MS]...")
 def bench(
     base_url: str,
     endpoint: str,
@@ -264,8 +337,16 @@ def bench(
     via: str,
     tokenizer: str | None,
     sglang_python: str,
+    goodput: tuple[str, ...],
+    slo_pairs: tuple[str, ...],
 ) -> None:
-    """Benchmark a running server over concurrency levels, with bench_serving's workload and metrics."""
+    """Benchmark a running server over concurrency levels, with bench_serving's workload and metrics (and, with
+    --goodput, SGLang's goodput keys and pivot's token goodput)."""
+    slos, extra = split_slos(goodput, slo_pairs)
+    if extra:
+        raise PivotError(
+            f"unexpected argument {extra[0]!r}", hint="SLO pairs follow --goodput, e.g. --goodput ttft:500 tpot:50"
+        )
     try:
         levels = parse_levels(concurrency) if concurrency is not None else None
     except ValidationError as e:  # parse_levels checks with BenchSpec's own validator
@@ -283,6 +364,7 @@ def bench(
         seed=seed,
         ignore_eos=False if disable_ignore_eos else None,
         request_timeout_s=request_timeout_s,
+        goodput_slos_ms=slos,
     )
     result = _sweep(base_url, spec, via=via, model=model, tokenizer=tokenizer, output_file=output_file,
                     vocab_size=vocab_size, sglang_python=sglang_python)  # fmt: skip

@@ -54,6 +54,7 @@ def _start(
     settings: m.SessionSettings,
     levels: str | None,
     method: dict[str, Any],
+    objective: dict[str, Any] | None = None,
 ) -> None:
     from agent import loop
 
@@ -62,6 +63,8 @@ def _start(
     if levels:
         workload = plan.workload.model_copy(update={"concurrency": m.parse_levels(levels)})
         plan = plan.model_copy(update={"workload": workload})
+    if objective:
+        plan = plan.with_objective(objective_of(plan.objective, **objective))
     _preflight(engine, plan)
     model_name = default_model(method["model"])
     if model_name != loop.AUTOPILOT:  # a missing key fails here, before a session is recorded for nothing
@@ -154,6 +157,8 @@ def _take_plan(session: Session, plan: m.Plan) -> None:
     from agent.plans import plan_changes
 
     store = session.store
+    if "objective" not in plan.model_fields_set:  # a file without [objective] keeps the session's (--objective)
+        plan = plan.with_objective(session.record.plan.objective)
     changes = plan_changes(session.record.plan, plan, store.experiments(session.id))
     if not changes:
         warn(f"the plan {plan.source or plan.name} is the session's plan as it is: nothing changed")
@@ -312,6 +317,70 @@ def demo(ctx: click.Context, **method: Any) -> None:
     _start(ctx, DEMO_PLAN, engine=DEFAULT_ENGINE, name="demo", settings=settings, levels=None, method=method)
 
 
+def objective_of(
+    base: m.Objective,
+    *,
+    kind: str | None,
+    slos: tuple[str, ...],
+    attainment: float | None,
+    goodput_kind: str | None,
+    load: str | None,
+) -> m.Objective:
+    """The plan's objective with the command line's --objective, --slo, --attainment, --goodput-kind and --load
+    (kept with the session's plan); a clear error for one that does not hold together."""
+    from pydantic import ValidationError
+
+    try:
+        parsed = m.parse_slos(slos) if slos else None
+    except ValueError as e:
+        raise PivotError(f"bad --slo: {e}", hint="write SLOs in ms: --slo ttft:500,tpot:50") from e
+    try:
+        return m.Objective.build(kind, parsed, base, attainment_target=attainment, goodput=goodput_kind, load=load)
+    except ValidationError as e:
+        reason = e.errors()[0]["msg"].removeprefix("Value error, ")
+        raise PivotError(
+            f"bad objective: {reason}", hint="e.g. --objective capacity --slo ttft:500,tpot:50 (SLOs in ms)"
+        ) from e
+
+
+OBJECTIVE_OPTIONS = [
+    click.option(
+        "--objective",
+        "objective_kind",
+        type=click.Choice(["throughput", "goodput", "capacity", "energy"]),
+        help="What to optimize (default: the plan's [objective], else throughput, output tok/s).",
+    ),
+    click.option(
+        "--slo",
+        "slos",
+        multiple=True,
+        metavar="METRIC:MS,...",
+        help="SLOs per request in ms (ttft, tpot, e2el), e.g. --slo ttft:500,tpot:50; they replace the plan's.",
+    ),
+    click.option(
+        "--attainment",
+        type=click.FloatRange(0, 1, min_open=True),
+        help="The share of requests that must meet the SLOs (default 0.95).",
+    ),
+    click.option(
+        "--goodput-kind",
+        type=click.Choice(["request", "token"]),
+        help="goodput: request goodput (req/s, SGLang's) or token goodput (output tok/s of good requests).",
+    ),
+    click.option(
+        "--load",
+        type=click.Choice(["concurrency", "request_rate"]),
+        help="capacity: the load that grows, concurrency or request rate (Poisson arrivals).",
+    ),
+]
+
+
+def _objective_options(f: Any) -> Any:
+    for decorator in reversed(OBJECTIVE_OPTIONS):
+        f = decorator(f)
+    return f
+
+
 @click.command("run")
 @click.argument("plan_ref", metavar="PLAN")
 @click.option(
@@ -332,6 +401,7 @@ def demo(ctx: click.Context, **method: Any) -> None:
 @click.option("--name", help="The session's name (default: the plan's).")
 @click.option("--noise", type=float, help="Simulated engines: run-to-run noise (e.g. 0.015). Default: none.")
 @click.option("--concurrency", "levels", help="Replace the plan's concurrency levels (e.g. 1,64,256: a shorter run).")
+@_objective_options
 @_method_options
 @click.pass_context
 def run_cmd(
@@ -342,12 +412,25 @@ def run_cmd(
     name: str | None,
     noise: float | None,
     levels: str | None,
+    objective_kind: str | None,
+    slos: tuple[str, ...],
+    attainment: float | None,
+    goodput_kind: str | None,
+    load: str | None,
     **method: Any,
 ) -> None:
-    """Start a session on PLAN (a file or a shipped plan's name) and run the agent until its first pivot."""
+    """Start a session on PLAN (a file or a shipped plan's name) and run the agent until its first pivot.
+
+    --objective and --slo set what the campaign optimizes (kept with the session): throughput (output tok/s),
+    goodput, capacity (the highest load meeting the SLOs) or energy (output tokens per joule)."""
     plan = load_plan(plan_ref)
+    objective = dict(kind=objective_kind, slos=slos, attainment=attainment, goodput_kind=goodput_kind, load=load)
+    given = any(v for v in objective.values())
+    if given:  # checked before any session is recorded
+        objective_of(plan.objective, **objective)
     settings = session_settings(plan.target, engine, _engine_options(option_pairs, None, None), noise, method)
-    _start(ctx, plan_ref, engine=engine, name=name, settings=settings, levels=levels, method=method)
+    _start(ctx, plan_ref, engine=engine, name=name, settings=settings, levels=levels, method=method,
+           objective=objective if given else None)  # fmt: skip
 
 
 def _executor_options_for_resume(f: Any) -> Any:

@@ -76,17 +76,34 @@ def build_twin(model_profile: str, hardware: str, gpus: int, flags: tuple[str, .
 @click.option("--num-prompts", type=int, help="Prompts per level (default: one per concurrent request).")
 @click.option("--seed", type=int, help="Workload seed.")
 @click.option("--noise", type=float, default=0.0, show_default=True, help="Run-to-run variation (0.02 = about 2%).")
+@click.option("--request-rate", type=float, help="Requests per second, Poisson arrivals (default inf: all at once).")
+@click.option("--goodput", multiple=True, metavar="METRIC:MS",
+              help="SLOs per request in ms, as SGLang's benchmark takes them: --goodput ttft:500 tpot:50 (adds "
+                   "request goodput, SLO attainment overall and per SLO, and token goodput per level).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print only a JSON array of levels on stdout.")
 @click.argument("flags", nargs=-1, type=click.UNPROCESSED)
 def predict(model_profile, hardware, gpus, levels, input_len, output_len, range_ratio, num_prompts, seed, noise,
-            as_json, flags) -> None:  # fmt: skip
+            request_rate, goodput, as_json, flags) -> None:  # fmt: skip
     """Predict a benchmark sweep of SGLang with FLAGS (after --) on simulated GPUs.
 
     The default workload is the one the twin is calibrated on: random token ids, input and output
     lengths uniform in [1, 256] (bench_serving's --random-range-ratio 0), one prompt per concurrent
-    request, all sent at once. Every number is simulated, not measured.
+    request, all sent at once. Every number is simulated, not measured. With --goodput, each level has
+    SGLang's goodput keys (goodput_slos_ms, request_goodput, slo_attainment, slo_attainment_by_metric) and
+    pivot's token goodput, from the twin's per-request latencies.
     """
+    from agent.cli.bench import split_slos
+
+    slos, flags = split_slos(goodput, flags)
     spec = _workload(input_len, output_len, range_ratio, num_prompts, seed, levels)
+    update: dict[str, object] = {}
+    if slos:
+        update["goodput_slos_ms"] = slos
+    if request_rate is not None:
+        if not request_rate > 0:
+            raise PivotError("--request-rate must be > 0 (requests per second)")
+        update["request_rate"] = request_rate
+    spec = spec.model_copy(update=update) if update else spec
     if noise < 0:
         raise PivotError("--noise must be >= 0")
     twin = build_twin(model_profile, hardware, gpus, flags)
@@ -112,11 +129,15 @@ def predict(model_profile, hardware, gpus, levels, input_len, output_len, range_
         err.print(f"note: no effect in SGLang 0.5.23 (accepted, read by nothing): {', '.join(twin.no_effect)}")
     if twin.not_modelled:
         err.print(f"note: accepted but not modelled by the twin: {', '.join(twin.not_modelled)}")
-    rows = make_table("conc", "ok/fail", "out tok/s", "total tok/s", "peak out", "TTFT ms", "TPOT ms", "ITL ms",
-                   "W/GPU", "KV use")  # fmt: skip
+    columns = ["conc", "ok/fail", "out tok/s", "total tok/s", "peak out", "TTFT ms", "TPOT ms", "ITL ms", "W/GPU",
+               "J/tok", "KV use"]  # fmt: skip
+    if slos:
+        columns += ["attain", *(f"{k} att" for k in slos), "good req/s", "good tok/s"]
+    rows = make_table(*columns)
     for level, _ in results:
         extra = level.model_extra or {}
-        rows.add_row(
+        energy = level.energy_per_output_token_j
+        cells = [
             str(level.max_concurrency),
             f"{level.completed}/{level.failed}",
             f"{level.output_throughput:,.0f}",
@@ -125,10 +146,18 @@ def predict(model_profile, hardware, gpus, levels, input_len, output_len, range_
             f"{level.mean_ttft_ms:,.0f}",
             f"{level.mean_tpot_ms:,.1f}",
             f"{level.mean_itl_ms:,.1f}",
-            f"{extra.get('mean_gpu_power_w', 0):,.0f}",
+            f"{level.mean_gpu_power_w or 0:,.0f}",
+            "-" if energy is None else f"{energy:,.3f}",
             f"{extra.get('max_token_usage', 0):.2f}",
-        )
+        ]
+        if slos:
+            by_metric = level.slo_attainment_by_metric or {}
+            cells += [f"{(level.slo_attainment or 0) * 100:.1f}%", *(f"{by_metric.get(k, 0) * 100:.1f}%" for k in slos),
+                      f"{level.request_goodput or 0:,.2f}", f"{level.token_goodput_tok_s or 0:,.0f}"]  # fmt: skip
+        rows.add_row(*cells)
     out.print(rows)
+    if slos:
+        out.print(f"SLOs: {m.slo_text(slos)}; attainment = good requests / requests sent (simulated)")
     for level, sim_level in results:
         if sim_level.fault is not None:
             err.print(

@@ -49,6 +49,8 @@ class ExperimentTask:
     ready_timeout_s: float
     profile: bool = False  # after the sweep, profile the server under load (a profile item)
     profile_dir: str | None = None  # where the driver keeps profile traces
+    objective: m.Objective | None = None  # a capacity objective: after the sweep, bracket the load that meets it
+    capacity_start: float | None = None  # where the driver's predictor places the crossing (None: no prediction)
 
     @property
     def label(self) -> str:

@@ -3,8 +3,8 @@
 Names follow the field: SGLang's flags keep SGLang's spelling, benchmark results keep
 `sglang.bench_serving`'s JSON keys, and numbers of our own carry their unit in their name.
 
-The models live in modules by concern: base (the base model, utcnow), config (flags, ServerConfig), bench
-(BenchSpec, results, telemetry, profiles), audit (FlagIssue), plans (Target, PlanItem, Plan), ledger (Todo,
+The models live in modules by concern: base (the base model, utcnow), config (flags, ServerConfig), objective
+(Objective and its SLOs), bench (BenchSpec, results, capacity brackets, telemetry, profiles), audit (FlagIssue), plans (Target, PlanItem, Plan), ledger (Todo,
 Experiment, Document, Pivot, ServerProcess, Session, Event) and findings (Finding, MicrobenchResult, ModelUsage);
 every name is importable from here (`from agent import models as m; m.ServerConfig`).
 """
@@ -15,6 +15,8 @@ from agent.models.bench import (
     BenchLevel,
     BenchResult,
     BenchSpec,
+    Capacity,
+    CapacityPoint,
     Endpoint,
     GpuTelemetry,
     Placement,
@@ -62,17 +64,31 @@ from agent.models.ledger import (
     TodoPriority,
     TodoStatus,
 )
+from agent.models.objective import (
+    SLO_METRICS,
+    GoodputKind,
+    LoadAxis,
+    Objective,
+    ObjectiveKind,
+    SloMetric,
+    check_slos,
+    parse_slos,
+    slo_text,
+)
 from agent.models.plans import ItemKind, Plan, PlanItem, PriorResult, Target, Verdict
 
 __all__ = [
     "BLOCKING_FLAG_STATUSES",
     "BOTTLENECK_TITLES",
+    "SLO_METRICS",
     "SWITCH_ON",
     "_FLAG_NAME",
     "BenchLevel",
     "BenchResult",
     "BenchSpec",
     "BottleneckCategory",
+    "Capacity",
+    "CapacityPoint",
     "ConfigDiff",
     "Document",
     "Endpoint",
@@ -86,13 +102,17 @@ __all__ = [
     "FlagChange",
     "FlagIssue",
     "FlagStatus",
+    "GoodputKind",
     "GpuTelemetry",
     "Investigation",
     "InvestigationKind",
     "InvestigationStatus",
     "ItemKind",
+    "LoadAxis",
     "MicrobenchResult",
     "ModelUsage",
+    "Objective",
+    "ObjectiveKind",
     "Pivot",
     "Placement",
     "Plan",
@@ -109,6 +129,7 @@ __all__ = [
     "SessionSettings",
     "SessionStatus",
     "SessionSummary",
+    "SloMetric",
     "Source",
     "Target",
     "Telemetry",
@@ -119,6 +140,9 @@ __all__ = [
     "_Model",
     "_is_flag_token",
     "_render_value",
+    "check_slos",
     "parse_levels",
+    "parse_slos",
+    "slo_text",
     "utcnow",
 ]

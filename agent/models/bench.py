@@ -8,9 +8,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
 
 from agent.models.base import _Model, utcnow
+from agent.models.objective import LoadAxis, SloMetric, check_slos
 
 # --------------------------------------------------------------------------------------------------
 # Benchmarks: the workload, and results with bench_serving's key names.
@@ -43,6 +44,16 @@ class BenchSpec(_Model):
     ignore_eos: bool = True
     seed: int = 42
     request_timeout_s: float = Field(default=600.0, gt=0)
+    goodput_slos_ms: dict[SloMetric, float] | None = Field(
+        default=None,
+        description="SGLang's --goodput SLOs in ms (ttft, tpot, e2el): each level then reports request goodput, "
+        "SLO attainment (overall and per SLO) and token goodput. They judge the requests, not what is sent.",
+    )
+
+    @field_validator("goodput_slos_ms")
+    @classmethod
+    def _check_slos(cls, slos: dict[str, float] | None) -> dict[SloMetric, float] | None:
+        return check_slos(slos) or None if slos is not None else None
 
     @field_validator("concurrency")
     @classmethod
@@ -62,8 +73,9 @@ class BenchSpec(_Model):
         return max(self.min_prompts, math.ceil(concurrency * self.prompts_per_concurrency))
 
     def workload_key(self) -> str:
-        """A short fingerprint of what is measured, concurrency levels aside: equal keys compare fairly."""
-        fields = self.model_dump(exclude={"concurrency"})
+        """A short fingerprint of what is measured, concurrency levels aside: equal keys compare fairly (the SLOs
+        judge the requests sent and change none of them, so they are left out too)."""
+        fields = self.model_dump(exclude={"concurrency", "goodput_slos_ms"})
         text = ",".join(f"{k}={fields[k]!r}" for k in sorted(fields))
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
@@ -124,7 +136,23 @@ class BenchLevel(BaseModel):
     accept_length: float | None = None
     max_output_tokens_per_s: float = Field(description="Peak output tok/s in any 1-second bucket.")
     max_concurrent_requests: int | None = None
-    # Our own additions: failures with reasons, and whether the client kept its promise.
+    # SGLang 0.5.23's --goodput keys (written only when SLOs were given, as SGLang writes them).
+    goodput_slos_ms: dict[str, float] | None = None
+    request_goodput: float | None = Field(default=None, ge=0, description="Good requests per second of duration.")
+    slo_attainment: float | None = Field(
+        default=None, ge=0, le=1, description="Good requests / requests sent (failed ones count against it), 0..1."
+    )
+    slo_attainment_by_metric: dict[str, float] | None = Field(
+        default=None, description="Per SLO: requests that succeeded and met it / requests sent, 0..1."
+    )
+    # Our own additions: token goodput, energy, failures with reasons, and whether the client kept its promise.
+    token_goodput_tok_s: float | None = Field(
+        default=None, description="Output tokens of the good requests per second of duration (pivot's)."
+    )
+    mean_gpu_power_w: float | None = Field(default=None, description="Mean power per GPU over the level (W).")
+    energy_per_output_token_j: float | None = Field(
+        default=None, description="Joules of all the server's GPUs over the level per output token."
+    )
     failed: int = 0
     errors: dict[str, int] = Field(default_factory=dict, description="Failure reason -> count.")
     mean_in_flight: float | None = None
@@ -133,6 +161,24 @@ class BenchLevel(BaseModel):
     max_dispatch_delay_ms: float | None = None
     client_cpu_s: float | None = None
     warnings: list[str] = Field(default_factory=list)
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_extras(self, handler):  # type: ignore[no-untyped-def]
+        """The goodput and energy keys only where they were measured, so a level without them has exactly
+        bench_serving's keys (and pivot's own checks), as before."""
+        data = handler(self)
+        if isinstance(data, dict):
+            for key in OPTIONAL_LEVEL_KEYS:
+                if data.get(key, 0) is None:
+                    del data[key]
+        return data
+
+    @property
+    def load(self) -> float | None:
+        """The level's load: its request rate when finite (Poisson arrivals), else its max_concurrency."""
+        if isinstance(self.request_rate, int | float) and math.isfinite(self.request_rate):
+            return float(self.request_rate)
+        return None if self.max_concurrency is None else float(self.max_concurrency)
 
     @classmethod
     def mean(cls, levels: Sequence[BenchLevel]) -> BenchLevel:
@@ -150,7 +196,23 @@ class BenchLevel(BaseModel):
                 values = [d.get(key) for d in dumps]
                 if all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
                     data[key] = sum(values) / len(values)
+            elif key == "slo_attainment_by_metric" and isinstance(value, dict):
+                runs = [d.get(key) for d in dumps]
+                if all(isinstance(r, dict) and set(r) == set(value) for r in runs):
+                    data[key] = {k: sum(r[k] for r in runs) / len(runs) for k in value}  # type: ignore[index]
         return cls.model_validate(data)
+
+
+# BenchLevel keys left out of its dump when unset (bench_serving writes the goodput keys only with --goodput).
+OPTIONAL_LEVEL_KEYS = (
+    "goodput_slos_ms",
+    "request_goodput",
+    "slo_attainment",
+    "slo_attainment_by_metric",
+    "token_goodput_tok_s",
+    "mean_gpu_power_w",
+    "energy_per_output_token_j",
+)
 
 
 Source = Literal["measured", "simulated", "imported"]
@@ -169,6 +231,49 @@ class Placement(_Model):
     attempt: int = Field(default=1, ge=1, description="1, or more when a lost node made the executor run it again.")
 
 
+class CapacityPoint(_Model):
+    """One level of a capacity search: the load it ran at and the SLO attainment it had."""
+
+    load: float = Field(description="max_concurrency, or the request rate in req/s (Poisson arrivals).")
+    attainment: float = Field(ge=0, le=1, description="slo_attainment of the level (0 when nothing succeeded).")
+    output_throughput: float = 0.0
+    predicted: bool = Field(default=False, description="A prediction (the twin), not a measured level.")
+
+
+class Capacity(_Model):
+    """The result of a capacity search: the highest load that met the SLOs, and the bracket around the crossing."""
+
+    axis: LoadAxis
+    slos_ms: dict[str, float]
+    target: float = Field(gt=0, le=1, description="The attainment a load must reach to count.")
+    capacity: float | None = Field(
+        default=None, description="The highest load measured whose attainment met the target; None when none did."
+    )
+    upper: float | None = Field(
+        default=None,
+        description="The lowest load above `capacity` measured under the target: the crossing is between the two. "
+        "None when every load up to the highest tried met it (capacity is at least that).",
+    )
+    load_min: float
+    load_max: float
+    points: list[CapacityPoint] = Field(default_factory=list, description="Levels in the order they ran.")
+    predicted_capacity: float | None = Field(
+        default=None, description="Where the predictor placed the crossing before the first level (None: none)."
+    )
+    max_levels: int = Field(ge=1)
+    note: str = ""
+
+    @property
+    def bracket_text(self) -> str:
+        """The bracket in words: "between 640 and 768 concurrent requests" or "at least 2048" or "below 1"."""
+        unit = "concurrent requests" if self.axis == "concurrency" else "req/s"
+        if self.capacity is None:
+            return f"below {self.load_min:g} {unit} (the lowest load tried missed the target)"
+        if self.upper is None:
+            return f"at least {self.capacity:g} {unit} (the highest load tried met the target)"
+        return f"{self.capacity:g} {unit} (the target is missed at {self.upper:g})"
+
+
 class BenchResult(_Model):
     """A sweep: one BenchLevel per concurrency level, and where the numbers came from."""
 
@@ -182,6 +287,9 @@ class BenchResult(_Model):
     raw_path: str | None = Field(default=None, description="JSONL of the levels, with bench_serving's keys.")
     placement: Placement | None = Field(
         default=None, description="Where the server of this run ran (an executor's task); None for this process."
+    )
+    capacity: Capacity | None = Field(
+        default=None, description="A capacity search's bracket, when the levels were chosen to find the crossing."
     )
 
     def level(self, concurrency: int) -> BenchLevel | None:
@@ -205,7 +313,14 @@ class GpuTelemetry(_Model):
     mem_clock_mhz_mean: float | None = None
     mem_used_mib_max: float | None = None
     temperature_c_max: float | None = None
-    energy_j: float | None = Field(default=None, description="From the GPU's total-energy counter.")
+    energy_j: float | None = Field(
+        default=None, description="From the GPU's total-energy counter, else the integral of its power readings."
+    )
+    energy_source: Literal["counter", "power_integral", "model"] | None = Field(
+        default=None,
+        description="counter: NVML's total-energy counter; power_integral: its power readings integrated over time "
+        "(a GPU without the counter); model: the twin's power model.",
+    )
 
     @property
     def power_share_of_limit(self) -> float | None:

@@ -77,13 +77,16 @@ class ConfigDiff(_Model):
 
     flags: list[FlagChange] = []
     env: list[FlagChange] = []
+    power_limit: FlagChange | None = Field(default=None, description="The GPU power limit, when it changed.")
 
     @property
     def empty(self) -> bool:
-        return not self.flags and not self.env
+        return not self.flags and not self.env and self.power_limit is None
 
     def __str__(self) -> str:
         parts = [str(c) for c in self.flags] + [f"env {c}" for c in self.env]
+        if self.power_limit is not None:
+            parts.append(str(self.power_limit))
         return ", ".join(parts) if parts else "(no change)"
 
 
@@ -102,6 +105,12 @@ class ServerConfig(_Model):
 
     flags: tuple[Flag, ...] = ()
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the server.")
+    gpu_power_limit_w: float | None = Field(
+        default=None,
+        gt=0,
+        description="The power limit set on each of the server's GPUs for the experiment (NVML), restored after; "
+        "None leaves the GPUs' limit as it is.",
+    )
 
     @classmethod
     def parse(cls, args: str | Sequence[str] | None, env: dict[str, str] | None = None) -> ServerConfig:
@@ -162,6 +171,8 @@ class ServerConfig(_Model):
         text = shlex.join(self.argv())
         if self.env:
             text = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items())) + " " + text
+        if self.gpu_power_limit_w is not None:
+            text = f"{text} [{power_limit_text(self.gpu_power_limit_w)}]".lstrip()
         return text
 
     def names(self) -> list[str]:
@@ -188,12 +199,21 @@ class ServerConfig(_Model):
             elif updates[flag.name] not in out:
                 out.append(updates[flag.name])
         out.extend(f for name, f in updates.items() if name not in existing)
-        return ServerConfig(flags=tuple(out), env={**self.env, **extra.env})
+        power = extra.gpu_power_limit_w if extra.gpu_power_limit_w is not None else self.gpu_power_limit_w
+        return ServerConfig(flags=tuple(out), env={**self.env, **extra.env}, gpu_power_limit_w=power)
 
     def without(self, *names: str) -> ServerConfig:
         """A copy without the named flags."""
         drop = set(names)
-        return ServerConfig(flags=tuple(f for f in self.flags if f.name not in drop), env=dict(self.env))
+        return ServerConfig(
+            flags=tuple(f for f in self.flags if f.name not in drop),
+            env=dict(self.env),
+            gpu_power_limit_w=self.gpu_power_limit_w,
+        )
+
+    def with_power_limit(self, watts: float | None) -> ServerConfig:
+        """A copy whose GPUs run under this power limit (None: the GPUs' own)."""
+        return self.model_copy(update={"gpu_power_limit_w": None if watts is None else float(watts)})
 
     def diff(self, base: ServerConfig) -> ConfigDiff:
         """What this config changes relative to `base`."""
@@ -209,4 +229,19 @@ class ServerConfig(_Model):
             for k in sorted(set(base.env) | set(self.env))
             if base.env.get(k) != self.env.get(k)
         ]
-        return ConfigDiff(flags=flags, env=env)
+        power = None
+        if base.gpu_power_limit_w != self.gpu_power_limit_w:
+            power = FlagChange(
+                name=POWER_LIMIT_NAME,
+                old=None if base.gpu_power_limit_w is None else f"{base.gpu_power_limit_w:g} W",
+                new=None if self.gpu_power_limit_w is None else f"{self.gpu_power_limit_w:g} W",
+            )
+        return ConfigDiff(flags=flags, env=env, power_limit=power)
+
+
+POWER_LIMIT_NAME = "GPU power limit"
+
+
+def power_limit_text(watts: float) -> str:
+    """ "GPU power limit 450 W": how configs and diffs write it."""
+    return f"{POWER_LIMIT_NAME} {watts:g} W"

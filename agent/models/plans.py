@@ -10,13 +10,15 @@ from agent.errors import PivotError
 from agent.models.base import _Model
 from agent.models.bench import BenchSpec
 from agent.models.config import Flag, ServerConfig
+from agent.models.objective import Objective
 
 # --------------------------------------------------------------------------------------------------
 # Plans.
 
 # flag: a flag flip; config: a configuration change; workload: a different benchmark workload;
-# profile: a measurement (a profile of the best config) rather than a change; code: a change for the user to make.
-ItemKind = Literal["flag", "config", "workload", "profile", "code"]
+# profile: a measurement (a profile of the best config) rather than a change; code: a change for the user to make;
+# power: a GPU power limit set through NVML for the experiment (restored after), on top of the best config.
+ItemKind = Literal["flag", "config", "workload", "profile", "code", "power"]
 # measured: a measurement that changes nothing (a profile of the best configuration), neither kept nor set aside.
 # not_measured: the engine does not model the flags the change touches (a simulated engine), so nothing it
 # reports says what the change does: it has to be measured on GPUs.
@@ -68,6 +70,9 @@ class PlanItem(_Model):
     remove_flags: list[str] = Field(default_factory=list, description="Flags removed from the best config.")
     workload: dict[str, Any] | None = Field(default=None, description="Overrides of the plan's workload.")
     change: str | None = Field(default=None, description="For code items: the change for the user to make.")
+    power_limit_w: float | None = Field(
+        default=None, gt=0, description="For power items: the power limit per GPU, in W (NVML's, restored after)."
+    )
     hypothesis: str = Field(min_length=1)
     expected_impact: str = Field(min_length=1)
     risks: str = ""
@@ -80,6 +85,10 @@ class PlanItem(_Model):
             raise ValueError("a workload item needs a `workload` table of overrides")
         if self.kind == "code" and not self.change:
             raise ValueError("a code item needs `change`: what the user should change")
+        if self.kind == "power" and self.power_limit_w is None:
+            raise ValueError("a power item needs `power_limit_w`: the power limit per GPU, in W")
+        if self.kind != "power" and self.power_limit_w is not None:
+            raise ValueError('`power_limit_w` belongs to a power item (kind = "power")')
         if self.workload:
             BenchSpec.model_validate({**BenchSpec().model_dump(), **self.workload})
         return self
@@ -87,7 +96,8 @@ class PlanItem(_Model):
     def apply(self, config: ServerConfig) -> ServerConfig:
         """The config this item proposes, on top of `config`."""
         out = config.without(*self.remove_flags)
-        return out.with_flags(self.flags) if self.flags is not None else out
+        out = out.with_flags(self.flags) if self.flags is not None else out
+        return out.with_power_limit(self.power_limit_w) if self.power_limit_w is not None else out
 
     def workload_for(self, spec: BenchSpec) -> BenchSpec:
         """The workload this item is measured on: the plan's, with this item's overrides."""
@@ -114,6 +124,9 @@ class Plan(_Model):
     description: str = ""
     target: Target
     workload: BenchSpec = Field(default_factory=BenchSpec)
+    objective: Objective = Field(
+        default_factory=Objective, description="What the campaign optimizes (default: output tok/s) and its SLOs."
+    )
     tiers: dict[int, str] = Field(default_factory=dict, description="Tier number -> what kind of changes it holds.")
     items: list[PlanItem] = Field(min_length=1)
     prior: list[PriorResult] = []
@@ -128,6 +141,27 @@ class Plan(_Model):
                 raise ValueError(f"item id {item.id!r} is used twice")
             seen.add(item.id)
         return items
+
+    @model_validator(mode="after")
+    def _slos_in_workload(self) -> Plan:
+        """The objective's SLOs go into the workload, so every level of every experiment reports its goodput and
+        attainment (the SLOs judge the requests; they change none of them, nor the workload's key)."""
+        slos = self.objective.slos_ms
+        given = self.workload.goodput_slos_ms
+        if slos and given is not None and dict(given) != slos:
+            raise ValueError(
+                "workload.goodput_slos_ms and the [objective]'s SLOs differ: give the SLOs once, in [objective]"
+            )
+        if slos and given is None:
+            self.workload = self.workload.model_copy(update={"goodput_slos_ms": dict(slos)})
+        return self
+
+    def with_objective(self, objective: Objective) -> Plan:
+        """This plan judged by `objective` (the command line's --objective and --slo): its SLOs replace the
+        workload's; without SLOs the workload keeps the ones it reports."""
+        slos = objective.slos_ms or self.workload.goodput_slos_ms
+        workload = self.workload.model_copy(update={"goodput_slos_ms": dict(slos) if slos else None})
+        return self.model_copy(update={"objective": objective, "workload": workload})
 
     def item(self, item_id: str) -> PlanItem:
         """The item with this id; a PivotError naming the known ids if there is none."""

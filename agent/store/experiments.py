@@ -12,7 +12,7 @@ from agent.store.rows import RowMap, _fit
 
 EXPERIMENTS = RowMap(m.Experiment, json=("plan_items", "config", "workload", "audit", "not_modelled", "placement"))
 # A sweep's levels and a level's GPUs have tables of their own: their rows are written and read explicitly.
-BENCH_RUNS = RowMap(m.BenchResult, json=("spec", "placement"), exclude=frozenset({"levels"}))
+BENCH_RUNS = RowMap(m.BenchResult, json=("spec", "placement", "capacity"), exclude=frozenset({"levels"}))
 TELEMETRY = RowMap(m.Telemetry, json=("server_metrics",), exclude=frozenset({"gpus"}))
 GPU_COLUMNS = ("gpu", "power_w_mean", "power_w_max", "power_limit_w", "util_gpu_pct_mean", "energy_j")
 
@@ -78,7 +78,8 @@ class ExperimentsMixin(StoreCore):
         """Record a sweep and all its levels in one transaction; returns the run id."""
         with self._write() as db:
             runs = db["bench_runs"]
-            runs.insert(BENCH_RUNS.to_row(result, experiment_id=experiment_id, interrupted=int(result.interrupted)))
+            row = BENCH_RUNS.to_row(result, experiment_id=experiment_id, interrupted=int(result.interrupted))
+            runs.insert(_fit(db, "bench_runs", row))
             run_id = runs.last_pk
             columns = [c for c in db["bench_levels"].columns_dict if c not in ("id", "run_id", "experiment_id")]
             db["bench_levels"].insert_all(

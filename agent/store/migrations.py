@@ -395,6 +395,11 @@ def _m013_investigations(db: Database) -> None:
     db["investigations"].create_index(["session_id"])
 
 
+def _m014_capacity(db: Database) -> None:
+    """A capacity search's bracket per benchmark run: the highest load that met the SLOs and the levels around it."""
+    db["bench_runs"].add_column("capacity_json", str)
+
+
 MIGRATIONS: list[Migration] = [
     ("001_initial", _m001_initial),
     ("002_server_processes", _m002_server_processes),
@@ -408,4 +413,5 @@ MIGRATIONS: list[Migration] = [
     ("011_usage", _m011_usage),
     ("012_placement", _m012_placement),
     ("013_investigations", _m013_investigations),
+    ("014_capacity", _m014_capacity),
 ]

@@ -199,5 +199,7 @@ class ServerEngine(CatalogEngine):
             failure_rules=self.failure_rules,
             gauges=self.gauges,
             audit=issues,
+            power_limit_w=config.gpu_power_limit_w,
+            gpu_count=self.parallelism(config).gpus,
             **deployment,
         )

@@ -132,4 +132,6 @@ class CommandEngine(BaseEngine):
             endpoint=self.endpoint,
             model=self.model,
             audit=self.validate(config),
+            power_limit_w=config.gpu_power_limit_w,
+            gpu_count=self.parallelism(config).gpus,
         )

@@ -22,11 +22,13 @@ from agent.errors import PivotError
 from agent.session import Paths
 from tools.engines.failures import COMMON_RULES, FailureRule, short_line
 from tools.engines.process import ManagedServer
+from tools.telemetry.summary import energy_fields
 
 if TYPE_CHECKING:
     from agent.session import Session
     from tools.loadgen import LevelProgress
     from tools.telemetry import TelemetryRecorder
+    from tools.telemetry.power import PowerLimits
 
 RATE_KEYS = (
     "request_throughput",
@@ -34,6 +36,8 @@ RATE_KEYS = (
     "output_throughput",
     "total_throughput",
     "max_output_tokens_per_s",
+    "request_goodput",
+    "token_goodput_tok_s",
 )
 CLIENT_DELAY_KEYS = ("mean_dispatch_delay_ms", "max_dispatch_delay_ms")  # the client's: stay on the wall clock
 LAG_WARN_SHARE = 0.1  # a level during which the twin lost more than this share of its duration gets a warning
@@ -87,27 +91,56 @@ def read_telemetry(deployment: HttpDeployment) -> m.Telemetry:
 def start_deployment(argv: list[str], *, log_path: Path, base_url: str, engine: str, health_url: str, host: str,
                      env: dict[str, str], cwd: Path | str | None, ready_line: str | None, stop_grace_s: float,
                      ledger: LedgerLink | None, failure_rules: Sequence[FailureRule] = COMMON_RULES,
-                     owner_check: bool = True, **deployment: Any) -> HttpDeployment:  # fmt: skip
+                     owner_check: bool = True, power_limit_w: float | None = None, gpu_count: int = 1,
+                     **deployment: Any) -> HttpDeployment:  # fmt: skip
     """Start `argv` as a ManagedServer (recorded in `ledger`) and wrap it: what every HTTP engine's launch() does.
     `owner_check` false: the server runs behind a launch prefix (docker exec, ssh), so this host cannot tell whether
-    the socket on its port is the server's own."""
-    server = ManagedServer(
-        argv,
-        log_path=log_path,
-        base_url=base_url,
-        engine=engine,
-        health_url=health_url,
-        host=host,
-        env=env,
-        cwd=cwd,
-        ready_line=ready_line,
-        stop_grace_s=stop_grace_s,
-        ledger=ledger,
-        failure_rules=failure_rules,
-        owner_check=owner_check,
-    )
-    server.start()
-    return HttpDeployment(server, engine=engine, **deployment)
+    the socket on its port is the server's own. `power_limit_w`: a GPU power limit set through NVML on the server's
+    `gpu_count` GPUs before it starts, restored when it stops (PowerLimitRefused where the driver will not)."""
+    limits = limit_power(engine, power_limit_w, log_path, {**os.environ, **env}, gpu_count, deployment.get("source"))
+    try:
+        server = ManagedServer(
+            argv,
+            log_path=log_path,
+            base_url=base_url,
+            engine=engine,
+            health_url=health_url,
+            host=host,
+            env=env,
+            cwd=cwd,
+            ready_line=ready_line,
+            stop_grace_s=stop_grace_s,
+            ledger=ledger,
+            failure_rules=failure_rules,
+            owner_check=owner_check,
+        )
+        server.start()
+    except BaseException:
+        if limits is not None:
+            limits.restore()
+        raise
+    return HttpDeployment(server, engine=engine, power_limits=limits, **deployment)
+
+
+POWER_PENDING = "power-limits-to-restore.json"  # beside the server logs while a power limit is set
+
+
+def limit_power(engine: str, watts: float | None, log_path: Path, env: Mapping[str, str], gpus: int,
+                source: object) -> PowerLimits | None:  # fmt: skip
+    """Limits a killed pivot left set beside these logs put back, then `watts` set on the server's GPUs (None:
+    nothing to set). A server of the twin (sim-http) has no GPUs to limit: refused, as the sim engine models it."""
+    from tools.telemetry.power import PowerLimitRefused, restore_pending, server_gpus, set_power_limits
+
+    pending = log_path.parent / POWER_PENDING
+    restore_pending(pending)
+    if watts is None:
+        return None
+    if source == "simulated":
+        raise PowerLimitRefused(
+            f"{engine} serves the twin without its power model: it cannot run under a GPU power limit",
+            hint="run power items on the sim engine (the twin models the limit) or on GPUs",
+        )
+    return set_power_limits(server_gpus(dict(env), gpus), watts, pending_path=pending)
 
 
 class HttpDeployment:
@@ -132,8 +165,10 @@ class HttpDeployment:
         audit: Sequence[m.FlagIssue] = (),
         gauges: Mapping[str, str] | None = None,
         auth_env: str | None = None,
+        power_limits: PowerLimits | None = None,
     ) -> None:
         self.server, self.engine, self.source, self.backend = server, engine, source, backend
+        self.power_limits = power_limits  # GPU power limits set for this server (a power item), restored at stop()
         self.gauges: Mapping[str, str] = dict(gauges or {})  # pivot's gauge name -> the engine's Prometheus name
         self.endpoint, self.model, self.warmup_pause_s, self.time_scale = endpoint, model, warmup_pause_s, time_scale
         self.audit = list(audit)
@@ -198,7 +233,11 @@ class HttpDeployment:
         return profile_server(self.base_url, out_dir, spec=spec)
 
     def stop(self) -> None:
-        self.server.stop()
+        try:
+            self.server.stop()
+        finally:
+            if self.power_limits is not None:
+                self.power_limits.restore()
 
     # ---- benchmark
 
@@ -270,7 +309,7 @@ class HttpDeployment:
                 if on_progress is not None and (p.phase != "running" or p.requests_done == 0):
                     on_progress(str(p))
 
-            one = spec.model_copy(update={"concurrency": [concurrency]})
+            one = spec.model_copy(update={"concurrency": [concurrency], **self._wall_clock_slos(spec)})
             await asyncio.to_thread(recorder.mark_level, concurrency)
             lag_before = await asyncio.to_thread(self._wall_lag)
             task = asyncio.create_task(
@@ -314,7 +353,8 @@ class HttpDeployment:
                 level = self._failed_level(spec, concurrency, f"server crashed ({self.server.failure})")
                 if output_file is not None:
                     loadgen.append_jsonl(output_file, level)
-            await asyncio.to_thread(recorder.end_level, level.total_output_tokens)
+            telemetry = await asyncio.to_thread(recorder.end_level, level.total_output_tokens)
+            level = level.model_copy(update=energy_fields(telemetry, level.total_output_tokens))
             if crashed:
                 why = short_line(self.server.failure_line) if self.server.failure_line else self.server.exit_text()
                 note = f"the server crashed during this level: {self.server.failure} ({why})"
@@ -347,7 +387,7 @@ class HttpDeployment:
 
     def _failed_level(self, spec: m.BenchSpec, concurrency: int, reason: str) -> m.BenchLevel:
         """A level whose every request failed without being sent (the server is gone)."""
-        from tools.metrics import compute_level
+        from tools.metrics import compute_level, failed_goodput
 
         n = spec.prompts_for(concurrency)
         base = compute_level(
@@ -360,7 +400,20 @@ class HttpDeployment:
             random_output_len=spec.random_output_len,
             random_range_ratio=spec.random_range_ratio,
         )
-        return m.BenchLevel(**base.model_dump(exclude={"failed", "errors"}), failed=n, errors={reason: n})
+        return m.BenchLevel(
+            **base.model_dump(exclude={"failed", "errors"}),
+            failed=n,
+            errors={reason: n},
+            **failed_goodput(spec.goodput_slos_ms),
+        )
+
+    def _wall_clock_slos(self, spec: m.BenchSpec) -> dict[str, Any]:
+        """The spec's SLOs on the wall clock of a twin served `time_scale` times faster than its GPUs (the load
+        generator measures wall time; `_scaled` converts the level back to simulated time)."""
+        k = self.time_scale
+        if not spec.goodput_slos_ms or k is None or k == 1.0:
+            return {}
+        return {"goodput_slos_ms": {name: ms / k for name, ms in spec.goodput_slos_ms.items()}}
 
     def _wall_lag(self) -> float | None:
         """How many wall seconds the twin's clock has lost waiting for this host (None for a real server)."""
@@ -393,4 +446,6 @@ class HttpDeployment:
             f"{k:g}-second buckets; a lower time scale is closer to the GPUs"
         )
         data["warnings"] = [*level.warnings, note]
+        if isinstance(data.get("goodput_slos_ms"), dict):  # the SLOs the wall-clock level was judged by, scaled back
+            data["goodput_slos_ms"] = {name: round(ms * k, 6) for name, ms in data["goodput_slos_ms"].items()}
         return m.BenchLevel.model_validate(data)

@@ -128,6 +128,9 @@ def _prepare(session: Session, e: m.Experiment, entries: dict[int, BatchEntry], 
 
     item = session.plan.item(e.plan_item) if e.plan_item in session.plan.item_ids() else None
     paths = session.paths
+    from tools.loadgen.capacity import capacity_search_of
+
+    objective, start = capacity_search_of(session.plan.objective, engine, session.target, e.config, e.workload)
     return [
         ExperimentTask(
             session_id=session.id,
@@ -145,6 +148,8 @@ def _prepare(session: Session, e: m.Experiment, entries: dict[int, BatchEntry], 
             ready_timeout_s=engine.ready_timeout_s,
             profile=item is not None and item.kind == "profile" and run == runs + 1,
             profile_dir=str(paths.session_state_dir(session.id) / "profiles"),
+            objective=objective,
+            capacity_start=start,
         )
         for run in range(runs + 1, runs + n + 1)
     ]

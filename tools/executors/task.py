@@ -101,14 +101,21 @@ def run_task(
         if failed_levels and failure is None:
             failure = "unknown" if deployment.alive() else "server-exited"
         errors = sorted({err for lv in failed_levels for err in lv.errors})[:MAX_ERRORS]
+        telemetry = list(deployment.level_telemetry)  # the sweep's (a capacity level's benchmark starts afresh)
         profile = None
         if task.profile and deployment.alive():
             say("profiling under load")
             profile = deployment.profile(Path(task.profile_dir or raw.parent / "profiles"))
+        if task.objective is not None and task.objective.kind == "capacity" and deployment.alive():
+            from tools.loadgen.capacity import run_capacity
+
+            capacity = run_capacity(deployment, spec, task.objective, result, predicted=task.capacity_start,
+                                    on_progress=lambda line: say(line), output_file=raw)  # fmt: skip
+            result = result.model_copy(update={"capacity": capacity})
         return outcome(
             "measured",
             bench=result,
-            telemetry=list(deployment.level_telemetry),
+            telemetry=telemetry,
             failure=failure,
             errors=errors,
             server_alive=deployment.alive(),

@@ -273,6 +273,7 @@ class _Sweep:
             random_input_len=spec.random_input_len,
             random_output_len=spec.random_output_len,
             random_range_ratio=spec.random_range_ratio,
+            goodput_slos_ms=spec.goodput_slos_ms,
         )
         check = client_check(done, arrived)
         warnings = client_warnings(

@@ -67,6 +67,8 @@ def sglang_argv(
         argv.append("--tokenize-prompt")  # send input_ids, as pivot does, instead of decoded text
     if not spec.ignore_eos:
         argv.append("--disable-ignore-eos")
+    if spec.goodput_slos_ms:  # SGLang 0.5.23's own goodput keys, from its own definitions
+        argv += ["--goodput", *(f"{name}:{ms:g}" for name, ms in spec.goodput_slos_ms.items())]
     if model:
         argv += ["--model", model]
     if tokenizer:

@@ -98,6 +98,13 @@ class HardwareProfile(_Profile):
     memory_bandwidth_gbs: float = Field(gt=0)
     tdp_w: float = Field(gt=0)
     idle_w: float = Field(ge=0)
+    power_limit_min_w: float | None = Field(
+        default=None,
+        gt=0,
+        description="The lowest power limit the driver accepts (NVML's constraints); the twin refuses limits below "
+        "it and above tdp_w. None: half the TDP.",
+    )
+    sm_clock_mhz: float | None = Field(default=None, gt=0, description="The SM clock at full speed (boost), in MHz.")
     smem_per_block_kib: float = Field(gt=0)
     l2_mib: float = Field(gt=0)
     auto_mem_fraction_static: float = Field(
@@ -107,6 +114,11 @@ class HardwareProfile(_Profile):
     interconnect: Interconnect
     calibration: Calibration
     faults: list[Fault] = []
+
+    @property
+    def power_limit_range_w(self) -> tuple[float, float]:
+        """(lowest, highest) power limit a GPU of this kind takes."""
+        return (self.power_limit_min_w or self.tdp_w / 2), self.tdp_w
 
     def peak_tflops(self, dtype: str) -> float:
         """Dense peak for a weight dtype; NVFP4 runs on the FP4 units, and a missing dtype falls back to BF16."""

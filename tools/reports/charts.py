@@ -19,7 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
-from matplotlib.ticker import FixedLocator, NullLocator
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
 
 @dataclass
@@ -203,3 +203,112 @@ def power_chart(series: Sequence[Series], *, title: str, limit_w: float | None, 
     ax.grid(True, axis="y", alpha=0.3)
     _legend(fig, ax, note)
     return _png(fig)
+
+
+@dataclass
+class EnergyPoint:
+    """One experiment on the energy chart: its output tok/s and joules per output token at one level."""
+
+    label: str
+    tok_s: float
+    j_per_tok: float
+    role: str = "tried"  # baseline | best | tried
+    tag: str = ""
+
+
+def pareto_front(points: Sequence[EnergyPoint]) -> list[EnergyPoint]:
+    """The points no other beats on both counts (more tok/s and fewer J per token), by falling J per token."""
+    front = [
+        p
+        for p in points
+        if not any(
+            q is not p
+            and q.tok_s >= p.tok_s
+            and q.j_per_tok <= p.j_per_tok
+            and (q.tok_s, q.j_per_tok) != (p.tok_s, p.j_per_tok)
+            for q in points
+        )
+    ]
+    return sorted(front, key=lambda p: (p.j_per_tok, -p.tok_s))
+
+
+def energy_chart(points: Sequence[EnergyPoint], *, title: str, level_note: str, note: str = "") -> bytes:
+    """Experiments on output tok/s against joules per output token, the Pareto front drawn through the ones no other
+    beats on both (up and to the left is better)."""
+    return _png(energy_figure(points, title=title, level_note=level_note, note=note))
+
+
+def energy_figure(points: Sequence[EnergyPoint], *, title: str, level_note: str, note: str = ""):
+    """The figure `energy_chart` renders (tests read it)."""
+    fig, ax = plt.subplots(figsize=(9.0, 5.0))
+    front = pareto_front(points)
+    if len(front) >= 2:
+        ax.plot([p.j_per_tok for p in front], [p.tok_s for p in front], color="#2ca02c", linestyle="--",
+                linewidth=1.4, zorder=1, label="Pareto front: no other configuration has more tok/s for fewer J")  # fmt: skip
+    tried = 0
+    for p in points:
+        style = {"baseline": ("#444444", "s"), "best": ("#d62728", "o")}.get(p.role)
+        if style is None:
+            style = (_PALETTE[tried % len(_PALETTE)], _MARKERS[tried % len(_MARKERS)])
+            tried += 1
+        on_front = any(p is q for q in front)
+        ax.scatter([p.j_per_tok], [p.tok_s], color=style[0], marker=style[1], s=70 if on_front else 45,
+                   edgecolors="black" if on_front else "none", zorder=3, label=p.label)  # fmt: skip
+        if p.tag:
+            ax.annotate(p.tag, (p.j_per_tok, p.tok_s), xytext=(6, 4), textcoords="offset points", fontsize=8,
+                        color=style[0], fontweight="bold")  # fmt: skip
+    ax.set_xlabel(f"joules per output token, all GPUs ({level_note}; lower is better)")
+    ax.set_ylabel(f"output tok/s ({level_note})")
+    ax.set_title(title + " (up and to the left is better)", fontsize=11, loc="left")
+    if points:  # the axes span the points (not from 0), so that close configurations stay apart
+        xs, ys = [p.j_per_tok for p in points], [p.tok_s for p in points]
+        pad_x, pad_y = (max(xs) - min(xs)) * 0.15 or max(xs) * 0.05, (max(ys) - min(ys)) * 0.15 or max(ys) * 0.05
+        ax.set_xlim(max(min(xs) - pad_x, 0), max(xs) + pad_x)
+        ax.set_ylim(max(min(ys) - pad_y, 0), max(ys) + pad_y)
+    ax.grid(True, alpha=0.3)
+    _legend(fig, ax, note)
+    return fig
+
+
+def attainment_chart(
+    series: Sequence[Series], *, title: str, target: float, xlabel: str, note: str = "", log_x: bool = True
+) -> bytes:
+    """SLO attainment (0-100%) against load, one line per experiment, the target as a horizontal line; `extra` of a
+    series may hold "capacity" (the load it reached), drawn as a dotted drop line."""
+    return _png(attainment_figure(series, title=title, target=target, xlabel=xlabel, note=note, log_x=log_x))
+
+
+def attainment_figure(
+    series: Sequence[Series], *, title: str, target: float, xlabel: str, note: str = "", log_x: bool = True
+):
+    """The figure `attainment_chart` renders (tests read it)."""
+    fig, ax = plt.subplots(figsize=(9.0, 5.0))
+    ax.axhline(target * 100, color="#1f77b4", linestyle=":", linewidth=1.6, zorder=1,
+               label=f"target: {target * 100:g}% of requests meet every SLO")  # fmt: skip
+    tried = 0
+    for s in sorted(series, key=lambda s: {"best": 0, "baseline": 1, "tried": 2}[s.role]):
+        if not s.points:
+            continue
+        style = dict(_STYLE[s.role])
+        if s.role == "tried":
+            style["color"] = _PALETTE[tried % len(_PALETTE)]
+            style["marker"] = _MARKERS[tried % len(_MARKERS)]
+            tried += 1
+        xs = sorted(s.points)
+        ax.plot(xs, [s.points[x] * 100 for x in xs], label=s.label, **style)
+        capacity = s.extra.get("capacity")
+        if capacity is not None:
+            ax.axvline(capacity, color=style["color"], linestyle=":", linewidth=1.0, alpha=0.8, zorder=1)
+        if s.tag:
+            ax.annotate(s.tag, (xs[-1], s.points[xs[-1]] * 100), xytext=(6, 0), textcoords="offset points",
+                        fontsize=8, color=style["color"], va="center", fontweight="bold")  # fmt: skip
+    if log_x:
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+    ax.set_xlabel(xlabel + (" (log scale, base 2)" if log_x else ""))
+    ax.set_ylabel("SLO attainment (% of requests sent)")
+    ax.set_ylim(0, 105)
+    ax.set_title(title, fontsize=11, loc="left")
+    ax.grid(True, alpha=0.3)
+    _legend(fig, ax, note)
+    return fig

@@ -154,10 +154,18 @@ def _charts(ledger: Ledger, charts: Any) -> list[tuple[str, str, bytes]]:
             ),
         )
     )
-    power_exps = [e for e in exps if role(e) in ("baseline", "best")]
+    out += _power_chart(ledger, charts, exps, role, label, note)
+    out += _energy_chart(ledger, charts, exps, role, label, note)
+    out += _attainment_chart(ledger, charts, exps, role, label, note)
+    return out
+
+
+def _power_chart(ledger: Ledger, charts: Any, exps: list[m.Experiment], role: Any, label: Any,
+                 note: str) -> list[tuple[str, str, bytes]]:  # fmt: skip
+    """Mean power per GPU at each level of the baseline and the best, against the power limit."""
     limit = None
     power_series = []
-    for e in power_exps:
+    for e in [e for e in exps if role(e) in ("baseline", "best")]:
         points = {}
         for c in ledger.ok_levels(e):
             w, lim = ledger.power_w(e, c)
@@ -166,12 +174,72 @@ def _charts(ledger: Ledger, charts: Any) -> list[tuple[str, str, bytes]]:
                 limit = limit or lim
         if points:
             power_series.append(charts.Series(label(e), points, role(e), tag=f"#{e.id}"))
-    if power_series:
-        out.append(
-            (
-                "power",
-                "Mean power per GPU at each level (baseline and best) against the power limit.",
-                charts.power_chart(power_series, title="Power per GPU", limit_w=limit, note=note),
-            )
+    if not power_series:
+        return []
+    return [
+        (
+            "power",
+            "Mean power per GPU at each level (baseline and best) against the power limit.",
+            charts.power_chart(power_series, title="Power per GPU", limit_w=limit, note=note),
         )
-    return out
+    ]
+
+
+def _energy_chart(ledger: Ledger, charts: Any, exps: list[m.Experiment], role: Any, label: Any,
+                  note: str) -> list[tuple[str, str, bytes]]:  # fmt: skip
+    """Experiments on output tok/s against J per output token at the highest level they all completed, with the
+    Pareto front (empty with fewer than two experiments that have both)."""
+    common = set.intersection(*(set(ledger.ok_levels(e)) for e in exps)) if exps else set()
+    if not common:
+        return []
+    c = max(common)
+    points = []
+    for e in exps:
+        joules = ledger.energy(e, c)[1]
+        if joules:
+            tok_s = ledger.ok_levels(e)[c].output_throughput
+            points.append(charts.EnergyPoint(label(e), tok_s, joules, role(e), tag=f"#{e.id}"))
+    if len(points) < 2:
+        return []
+    front = ", ".join(p.tag for p in charts.pareto_front(points))
+    return [
+        (
+            "energy",
+            f"Output tok/s against joules per output token at concurrency {c} (the highest level every configuration "
+            f"completed), every configuration tried; the Pareto front ({front}) are those no other beats on both.",
+            charts.energy_chart(
+                points, title="Throughput against energy per token", level_note=f"concurrency {c}", note=note
+            ),
+        )
+    ]
+
+
+def _attainment_chart(ledger: Ledger, charts: Any, exps: list[m.Experiment], role: Any, label: Any,
+                      note: str) -> list[tuple[str, str, bytes]]:  # fmt: skip
+    """SLO attainment against load per experiment with the target line: a capacity search's points where one ran,
+    else the workload's levels judged by SLOs (empty when no level was)."""
+    series, target, axis, slos = [], ledger.plan.objective.attainment_target, "concurrency", ""
+    for e in exps:
+        cap = ledger.capacity_of(e)
+        if cap is not None:
+            points = {p.load: p.attainment for p in cap.points}
+            target, axis, slos = cap.target, cap.axis, m.slo_text(cap.slos_ms)
+            extra = {"capacity": cap.capacity} if cap.capacity is not None else {}
+        else:
+            levels = ledger.levels.get(e.id or 0, {})
+            points = {float(c): lv.slo_attainment for c, lv in levels.items() if lv.slo_attainment is not None}
+            slos = slos or next((m.slo_text(lv.goodput_slos_ms) for lv in levels.values() if lv.goodput_slos_ms), "")
+            extra = {}
+        if points:
+            series.append(charts.Series(label(e), points, role(e), extra=extra, tag=f"#{e.id}"))
+    if not series:
+        return []
+    xlabel = "concurrency (max_concurrency)" if axis == "concurrency" else "request rate (req/s, Poisson arrivals)"
+    return [
+        (
+            "attainment",
+            f"SLO attainment ({slos}) against load per configuration, the target ({target * 100:g}%) as a line; a "
+            "dotted drop line marks each configuration's capacity where a capacity search found it.",
+            charts.attainment_chart(series, title=f"SLO attainment at {slos}", target=target, xlabel=xlabel, note=note),
+        )
+    ]

@@ -7,7 +7,7 @@ from agent.errors import PivotError
 from tools.reports.common import CHANGE_FORMULA, IMPROVEMENT_HEADINGS, VERDICT_WORDS, SessionLike
 from tools.reports.expectations import Expectation, parse_expectation
 from tools.reports.ledger import Ledger, _items
-from tools.reports.text import _change, _inline_code, _ms, _signed, _table, _tok, check_document, slug
+from tools.reports.text import _change, _inline_code, _joules, _ms, _signed, _table, _tok, check_document, slug
 from tools.reports.writing import _write
 
 
@@ -199,6 +199,8 @@ def _result_section(ledger: Ledger, item: m.PlanItem, e: m.Experiment) -> list[s
                 _ms(b.mean_tpot_ms) if b else "",
                 _ms(a.mean_tpot_ms) if a and not failed else "",
                 _signed(_change(b.mean_tpot_ms, a.mean_tpot_ms)) if a and b and not failed else "",
+                _joules(ledger.energy(base, c)[1]) if b and base else "",
+                _joules(ledger.energy(e, c)[1]) if a and not failed else "",
             ]
         )
     b_id = f"#{base.id}" if base else "none"
@@ -210,10 +212,12 @@ def _result_section(ledger: Ledger, item: m.PlanItem, e: m.Experiment) -> list[s
         f"mean TPOT ms before ({b_id})",
         f"after (#{e.id})",
         "change",
+        f"J per output token before ({b_id})",
+        f"after (#{e.id})",
     ]
     if source == "simulated":
         out += ["Simulated by pivot's digital twin of SGLang, not measured on GPUs.", ""]
-    out += [_table(header, rows, ["r", "r", "r", "r", "r", "r", "r"]), "", f"Formula: {CHANGE_FORMULA}.", ""]
+    out += [_table(header, rows, ["r"] * 9), "", f"Formula: {CHANGE_FORMULA}.", ""]
     out += [f"Verdict: **{VERDICT_WORDS[e.verdict]}**" + (f". {e.reason}" if e.reason else "."), ""]
     if base is not None:
         out += [_expected_comparison(parse_expectation(item.expected_impact), before, after), ""]

@@ -27,6 +27,7 @@ class Ledger:
     investigations: list[m.Investigation] = field(default_factory=list)  # sub-agent reports (agent/investigate.py)
     # experiment -> concurrency -> (max - min) / mean of its runs' output tok/s, in %, where it has two or more
     spread_pct: dict[int, dict[int, float]] = field(default_factory=dict)
+    capacity: dict[int, list[m.Capacity]] = field(default_factory=dict)  # experiment -> its runs' capacity brackets
 
     @classmethod
     def read(cls, store: Store, session_id: str) -> Ledger:
@@ -37,6 +38,7 @@ class Ledger:
         telemetry: dict[int, dict[int, m.Telemetry]] = {}
         runs: dict[int, int] = {}
         spread: dict[int, dict[int, float]] = {}
+        capacity: dict[int, list[m.Capacity]] = {}
         for e in experiments:
             eid = e.id or 0
             by_level: dict[int, list[m.BenchLevel]] = {}
@@ -44,6 +46,8 @@ class Ledger:
             runs[eid] = len(results)
             for result in results:
                 sources[eid] = result.source
+                if result.capacity is not None:
+                    capacity.setdefault(eid, []).append(result.capacity)
                 for level in result.levels:
                     if level.max_concurrency is not None:
                         by_level.setdefault(level.max_concurrency, []).append(level)
@@ -66,6 +70,7 @@ class Ledger:
             usage=store.usage(record.id),
             investigations=store.investigations(record.id),
             spread_pct=spread,
+            capacity=capacity,
         )
 
     def band_pct(self) -> float:
@@ -152,6 +157,24 @@ class Ledger:
         watts = [g.power_w_mean for g in t.gpus if g.power_w_mean is not None]
         limits = [g.power_limit_w for g in t.gpus if g.power_limit_w]
         return (sum(watts) / len(watts) if watts else None), (sum(limits) / len(limits) if limits else None)
+
+    def energy(self, e: m.Experiment, c: int) -> tuple[float | None, float | None]:
+        """(mean power per GPU in W, joules of all GPUs per output token) at a level: the level's own figures
+        (measured with it, or the twin's power model), else its telemetry's."""
+        level = self.levels.get(e.id or 0, {}).get(c)
+        watts = level.mean_gpu_power_w if level is not None else None
+        joules = level.energy_per_output_token_j if level is not None else None
+        t = self.telemetry.get(e.id or 0, {}).get(c)
+        if watts is None:
+            watts = self.power_w(e, c)[0]
+        if joules is None and t is not None and t.energy_j and t.output_tokens:
+            joules = t.energy_j / t.output_tokens
+        return watts, joules
+
+    def capacity_of(self, e: m.Experiment) -> m.Capacity | None:
+        """The experiment's capacity bracket: its last run's (None when it ran no capacity search)."""
+        found = self.capacity.get(e.id or 0)
+        return found[-1] if found else None
 
     def item_experiments(self, item_id: str) -> list[m.Experiment]:
         return [e for e in self.experiments if item_id in e.plan_items]  # combined experiments name every item

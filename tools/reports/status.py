@@ -14,13 +14,13 @@ from tools.reports.common import CHANGE_FORMULA, SET_ASIDE, STATUS_HEADINGS, VER
 from tools.reports.expectations import Expectation, next_steps
 from tools.reports.html import write_status_html
 from tools.reports.ledger import Ledger, _items, config_text, plan_warnings
-from tools.reports.text import _change, _ms, _signed, _table, _tok, check_document
+from tools.reports.text import _change, _joules, _ms, _signed, _table, _tok, check_document
 from tools.reports.writing import _write, latest_status_doc
 
 # The "Best results" table: one row per concurrency level.
 BEST_HEADER = ["concurrency", "output tok/s", "total tok/s", "peak output tok/s", "mean TTFT ms", "mean TPOT ms",
-               "experiment", "config", "source"]  # fmt: skip
-BEST_ALIGN = ["r"] * 6 + ["l"] * 3
+               "W per GPU", "J per output token", "experiment", "config", "source"]  # fmt: skip
+BEST_ALIGN = ["r"] * 8 + ["l"] * 3
 
 
 @dataclass
@@ -160,7 +160,7 @@ def _intro(ledger: Ledger) -> list[str]:
 def _best_results(ledger: Ledger, used: set[int]) -> list[str]:
     best = ledger.best_by_level()
     if not best:
-        rows = [[c, "", "", "", "", "", "none yet", "", ""] for c in _workload(ledger).concurrency]
+        rows = [[c, "", "", "", "", "", "", "", "none yet", "", ""] for c in _workload(ledger).concurrency]
         return [
             _table(BEST_HEADER, rows, BEST_ALIGN),
             "",
@@ -168,8 +168,13 @@ def _best_results(ledger: Ledger, used: set[int]) -> list[str]:
             "",
         ]
     rows = []
+    judged = any(lv.slo_attainment is not None for _, lv in best.values())
+    header = [*BEST_HEADER[:8], "SLO attainment", *BEST_HEADER[8:]] if judged else BEST_HEADER
+    align = [*BEST_ALIGN[:8], "r", *BEST_ALIGN[8:]] if judged else BEST_ALIGN
     for c, (e, lv) in best.items():
         used.add(e.id or 0)
+        watts, joules = ledger.energy(e, c)
+        attainment = [_pct(lv.slo_attainment)] if judged else []
         rows.append(
             [
                 c,
@@ -178,16 +183,58 @@ def _best_results(ledger: Ledger, used: set[int]) -> list[str]:
                 _tok(lv.max_output_tokens_per_s),
                 _ms(lv.mean_ttft_ms),
                 _ms(lv.mean_tpot_ms),
+                _tok(watts),
+                _joules(joules),
+                *attainment,
                 f"#{e.id}",
                 config_text(e.config) or "(no flags)",
                 ledger.sources.get(e.id or 0, ""),
             ]
         )
-    return [
-        _table(BEST_HEADER, rows, BEST_ALIGN),
+    out = [
+        _table(header, rows, align),
         "",
         "Per level, the highest output tok/s among the configurations that stand (the baseline, adopted "
-        "changes and imported runs); a level with failed requests does not count.",
+        "changes and imported runs); a level with failed requests does not count. W per GPU is the mean power "
+        "of each GPU over the level; J per output token counts every GPU of the server"
+        + (f"; SLO attainment is the share of requests sent that met {_slo_words(best)}" if judged else "")
+        + ".",
+        "",
+    ]
+    return out + _capacity(ledger, used)
+
+
+def _slo_words(best: dict[int, tuple[m.Experiment, m.BenchLevel]]) -> str:
+    slos = next((lv.goodput_slos_ms for _, lv in best.values() if lv.goodput_slos_ms), None)
+    return m.slo_text(slos) if slos else "the SLOs"
+
+
+def _pct(v: float | None) -> str:
+    return "" if v is None else f"{v * 100:.1f}%"
+
+
+def _capacity(ledger: Ledger, used: set[int]) -> list[str]:
+    """Each experiment's capacity bracket, when the objective asked for it (a capacity search ran)."""
+    found = [(e, cap) for e in ledger.experiments if (cap := ledger.capacity_of(e)) is not None]
+    if not found:
+        return []
+    unit = "concurrent requests" if found[0][1].axis == "concurrency" else "req/s"
+    rows = []
+    for e, cap in found:
+        used.add(e.id or 0)
+        measured = ", ".join(f"{p.load:g}: {p.attainment * 100:.0f}%" for p in sorted(cap.points, key=lambda p: p.load))
+        predicted = "" if cap.predicted_capacity is None else f"{cap.predicted_capacity:g}"
+        rows.append([f"#{e.id}", _items(e) or e.kind, "" if cap.capacity is None else f"{cap.capacity:g}",
+                     cap.bracket_text, predicted, measured])  # fmt: skip
+    slos = m.slo_text(found[0][1].slos_ms)
+    header = ["experiment", "item", "capacity", "bracket", "twin's prediction", "attainment by load"]
+    return [
+        f"Capacity at {slos} ({found[0][1].target * 100:g}% of requests), in {unit}:",
+        "",
+        _table(header, rows, ["l", "l", "r", "l", "r", "l"]),
+        "",
+        "Capacity is the highest load measured whose SLO attainment met the target; the workload's levels count, and "
+        "the twin's prediction placed the first level of the search between them.",
         "",
     ]
 

@@ -74,6 +74,11 @@ def _tok(v: float | None) -> str:
     return "" if v is None else f"{v:,.0f}"
 
 
+def _joules(v: float | None) -> str:
+    """Joules per output token (every GPU of the server counted)."""
+    return "" if v is None else f"{v:,.3f}" if v < 10 else f"{v:,.1f}"
+
+
 def _ms(v: float | None) -> str:
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:,.1f}"
 

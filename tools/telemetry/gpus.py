@@ -6,6 +6,7 @@ Also the constants the telemetry shares (intervals, pivot gauge names, the data-
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -53,6 +54,7 @@ class GpuFrame:
 
     gpus: list[GpuReading]
     server: dict[str, float] | None = None
+    t_s: float | None = None  # when it was read (time.monotonic), for the power integral of a GPU without the counter
 
 
 # ------------------------------------------------------------------------------------------------ NVML
@@ -163,7 +165,7 @@ class NvmlReader:
                     energy_j=None if energy is None else energy / 1000,  # mJ
                 )
             )
-        return GpuFrame(out)
+        return GpuFrame(out, t_s=time.monotonic())
 
     def close(self) -> None:
         if getattr(self, "_open", False):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from types import ModuleType
@@ -37,18 +38,35 @@ def _round(x: float | None, digits: int = 3) -> float | None:
     return None if x is None else round(x, digits)
 
 
+def _power_integral_j(stamped: Sequence[tuple[float | None, float | None]]) -> float | None:
+    """Joules from (time, power) readings by the trapezoid rule; None with fewer than two timed readings.
+    NVML's power reading is about a one-second average (STACK.md), so this lags the counter on short levels: on an
+    H200 (scripts/nvml_power_check.py, scripts/calibration/h200-nvml-power-check.json) it read 1.8% over the counter
+    idle and 5.4% under it over an 8 s bf16 matmul level that ramped from 79 to 698 W."""
+    points = [(t, w) for t, w in stamped if t is not None and w is not None and not math.isnan(w)]
+    if len(points) < 2:
+        return None
+    return sum((t1 - t0) * (w0 + w1) / 2 for (t0, w0), (t1, w1) in itertools.pairwise(points))
+
+
 def summarize_gpus(frames: Sequence[GpuFrame]) -> list[GpuTelemetry]:
     """One GpuTelemetry per GPU over these frames (in time order): means, p95, maxima, and joules as the
-    difference of the energy counter between the first and the last frame that has it."""
-    by_gpu: dict[int, list[GpuReading]] = {}
+    difference of the energy counter between the first and the last frame that has it, or, for a GPU without
+    the counter, the integral of its power readings over the frames' times."""
+    by_gpu: dict[int, list[tuple[float | None, GpuReading]]] = {}
     for frame in frames:
         for r in frame.gpus:
-            by_gpu.setdefault(r.gpu, []).append(r)
+            by_gpu.setdefault(r.gpu, []).append((frame.t_s, r))
     out = []
-    for gpu, rs in sorted(by_gpu.items()):
+    for gpu, stamped in sorted(by_gpu.items()):
+        rs = [r for _, r in stamped]
         power = [r.power_w for r in rs]
         energies = _values([r.energy_j for r in rs])
         energy = energies[-1] - energies[0] if len(energies) >= 2 else None
+        source = "counter" if energy is not None else None
+        if energy is None and not energies:
+            energy = _power_integral_j([(t, r.power_w) for t, r in stamped])
+            source = "power_integral" if energy is not None else None
         limits = _values([r.power_limit_w for r in rs])
         out.append(
             GpuTelemetry(
@@ -66,6 +84,7 @@ def summarize_gpus(frames: Sequence[GpuFrame]) -> list[GpuTelemetry]:
                 mem_used_mib_max=_round(_max([r.mem_used_mib for r in rs])),
                 temperature_c_max=_max([r.temperature_c for r in rs]),
                 energy_j=_round(energy) if energy is not None and energy >= 0 else None,  # <0: the counter reset
+                energy_source=source if energy is not None and energy >= 0 else None,
             )
         )
     return out
@@ -92,6 +111,21 @@ def tokens_per_joule(output_tokens: int | None, gpus: Sequence[GpuTelemetry]) ->
         return None
     joules = sum(g.energy_j or 0.0 for g in gpus)
     return round(output_tokens / joules, 6) if joules > 0 else None
+
+
+def energy_fields(telemetry: Telemetry | None, output_tokens: int | None) -> dict[str, float]:
+    """A level's energy beside its tok/s, from its telemetry: `mean_gpu_power_w` (mean over the GPUs of each GPU's
+    mean power) and `energy_per_output_token_j` (joules of all GPUs / output tokens); {} where they are unknown."""
+    if telemetry is None or not telemetry.gpus:
+        return {}
+    out: dict[str, float] = {}
+    watts = [g.power_w_mean for g in telemetry.gpus if g.power_w_mean is not None]
+    if watts:
+        out["mean_gpu_power_w"] = round(sum(watts) / len(watts), 1)
+    joules = telemetry.energy_j
+    if joules is not None and joules > 0 and output_tokens:
+        out["energy_per_output_token_j"] = round(joules / output_tokens, 4)
+    return out
 
 
 def snapshot_gpus(frame: GpuFrame) -> list[GpuTelemetry]:

@@ -61,6 +61,15 @@ Power, from the work the cost model itself puts on the GPU over a level of wall 
   memory use                    u_m = (weight bytes + KV bytes read) / memory_bandwidth / W
   power                         P = idle + (TDP - idle) * min(1, [power_activity] * ([power_compute_weight] * u_t + u_m))
 [power_compute_weight] is what the tensor cores at their peak rate draw against the memory at its peak bandwidth.
+
+Under a power limit C below the TDP (a power item: NVML's nvmlDeviceSetPowerManagementLimit), the GPU lowers its
+SM clock to a share c of full speed (the memory clock stays): every compute peak above runs at c x peak, memory and
+host times do not change, and the tensor term of the power costs c^2 per unit of work (dynamic power ~ f V^2 with
+the voltage following the clock), so
+  power at clock c              P(c) = idle + (TDP - idle) * min(1, [power_activity] * ([power_compute_weight]
+                                       * u_t * c^2 + u_m))     (u_t, u_m over the level's wall time at clock c)
+The twin finds the c at which P(c) = C (tools/engines/sim/twin.py: Twin.simulate, at most three simulations);
+c never falls below MIN_CLOCK.
 At a fixed configuration more load means more tokens, so more FLOPs per second; the weights read per second fall
 as steps lengthen, but by less than the weighted FLOPs rise (tests/test_twin.py checks that power never falls
 while throughput rises).
@@ -73,6 +82,7 @@ from dataclasses import dataclass
 from tools.profiles import HardwareProfile, ModelProfile
 
 MSCCLPP_SMALL_BYTES = 1 << 20
+MIN_CLOCK = 0.3  # the lowest SM clock share a power limit brings the GPU to (its base clock region)
 
 
 @dataclass(frozen=True)
@@ -147,8 +157,9 @@ class StageShape:
 class CostModel:
     """Step times for one model on one kind of GPU with one parallel layout."""
 
-    def __init__(self, model: ModelProfile, hw: HardwareProfile, par: Parallel) -> None:
+    def __init__(self, model: ModelProfile, hw: HardwareProfile, par: Parallel, clock: float = 1.0) -> None:
         self.model, self.hw, self.par = model, hw, par
+        self.clock = min(max(clock, MIN_CLOCK), 1.0)  # SM clock share under a power limit (1: full speed)
         cal = hw.calibration
         self.bw = hw.memory_bandwidth_gbs * 1e9 * cal.bandwidth_efficiency  # KV and attention reads
         self.link_bw = hw.interconnect.bandwidth_gbs * 1e9 * cal.allreduce_efficiency
@@ -220,7 +231,7 @@ class CostModel:
             w_bytes = st.moe_layers * hit * self.bytes_per_expert / shard
             flops = rows * k * 2 * model.expert_params * st.moe_layers / shard
             peak = hw.peak_tflops(self.expert_dtype) * 1e12
-            t = max(w_bytes / self.gemm_bw(n), flops / (peak * self.efficiency(m, n)))
+            t = max(w_bytes / self.gemm_bw(n), flops / (peak * self.clock * self.efficiency(m, n)))
             out["expert_gemm"] = t
             busy += t
             tensor += flops / peak
@@ -234,14 +245,15 @@ class CostModel:
             flops = rows * 2 * p.params * share / shard
             n = model.hidden_size / shard
             peak = hw.peak_tflops(p.dtype) * 1e12
-            t_dense += max(w_bytes / self.gemm_bw(n), flops / (peak * self.efficiency(rows, n)))
+            t_dense += max(w_bytes / self.gemm_bw(n), flops / (peak * self.clock * self.efficiency(rows, n)))
             tensor += flops / peak
             traffic += w_bytes
         out["dense_gemm"] = t_dense
         busy += t_dense
         kv_read = ctx_tokens * self.kv_bytes_per_token_per_gpu(st)
         attn = attn_flops * st.layer_share / par.tp
-        t_attn = max(kv_read / self.bw, attn / (hw.peak_tflops("bf16") * 1e12 * self.cal.gemm_efficiency_max))
+        attn_peak = hw.peak_tflops("bf16") * 1e12 * self.clock * self.cal.gemm_efficiency_max
+        t_attn = max(kv_read / self.bw, attn / attn_peak)
         out["attention"] = t_attn
         busy += t_attn
         tensor += attn / (hw.peak_tflops("bf16") * 1e12)
@@ -311,7 +323,7 @@ class CostModel:
         stages = []
         for st in self.stages:
             stage = self._stage(st, tokens, 0.0, attn_pairs * self.model.attention_flops_per_ctx_token)
-            per_token = self.cal.prefill_us_per_token * 1e-6 * tokens * st.layer_share
+            per_token = self.cal.prefill_us_per_token * 1e-6 * tokens * st.layer_share / self.clock
             stage["attention"] += per_token
             stage["busy"] += per_token
             stages.append(stage)
@@ -320,7 +332,8 @@ class CostModel:
 
     def power_w(self, tensor_share: float, memory_share: float) -> float:
         """Mean power per GPU from its tensor-core use (FLOPs at the peak rate / wall time) and its memory use
-        (bytes at the peak bandwidth / wall time), as the module docstring writes it."""
+        (bytes at the peak bandwidth / wall time), at this model's clock, as the module docstring writes it."""
         hw, cal = self.hw, self.cal
-        activity = cal.power_activity * (cal.power_compute_weight * max(tensor_share, 0.0) + max(memory_share, 0.0))
+        compute = cal.power_compute_weight * max(tensor_share, 0.0) * self.clock**2
+        activity = cal.power_activity * (compute + max(memory_share, 0.0))
         return hw.idle_w + (hw.tdp_w - hw.idle_w) * min(activity, 1.0)

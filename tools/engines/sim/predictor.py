@@ -45,6 +45,7 @@ class TwinPredictor:
             str(config),
             tuple(config.env.items()) if config.env else (),
             spec.workload_key(),
+            _slos(spec),
             level,
         )
         if outer not in _READINGS:
@@ -70,7 +71,9 @@ class TwinPredictor:
             repr(twin.par),
             repr(twin.limits),
             tuple(f.name for f in twin.load_faults),
+            twin.power_limit_w,
             spec.workload_key(),
+            _slos(spec),
             level,
         )
         if key not in _CACHE:
@@ -81,6 +84,11 @@ class TwinPredictor:
             _CACHE[key] = (lv, crashed)
         lv, crashed = _CACHE[key]
         return Prediction(lv, crashed, None, tuple(twin.not_modelled), tuple(twin.no_effect))
+
+
+def _slos(spec: m.BenchSpec) -> tuple[tuple[str, float], ...]:
+    """The SLOs a predicted level is judged by (not in the workload's key: they change no request)."""
+    return tuple((spec.goodput_slos_ms or {}).items())
 
 
 def twin_predictor(model_profile: str | None, hardware: str | None, gpus: int) -> TwinPredictor | None:

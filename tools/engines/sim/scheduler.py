@@ -334,6 +334,7 @@ class LevelSimulation:
     fault_at_s: float | None = None
     tensor_s: float = 0.0  # per GPU: the level's FLOPs at the tensor cores' peak rate
     memory_s: float = 0.0  # per GPU: the level's bytes read at the memory's peak bandwidth
+    clock: float = 1.0  # the SM clock share it ran at (below 1 under a power limit)
 
 
 def simulate_level(

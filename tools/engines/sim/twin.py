@@ -19,9 +19,9 @@ import numpy as np
 
 from agent import models as m
 from agent.errors import PivotError
-from tools.engines.sim.costmodel import CostModel, Parallel
+from tools.engines.sim.costmodel import MIN_CLOCK, CostModel, Parallel
 from tools.engines.sim.scheduler import LevelSimulation, SchedulerLimits, simulate_level
-from tools.metrics import compute_level, workload_draws
+from tools.metrics import compute_level, failed_goodput, workload_draws
 from tools.profiles import Fault, HardwareProfile, ModelProfile, load_hardware, load_model
 
 GIB = 1 << 30
@@ -156,6 +156,7 @@ class Twin:
     no_effect: list[str] = field(default_factory=list)
     load_faults: list[Fault] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # SGLang's deprecation warnings for these flags
+    power_limit_w: float | None = None  # the GPUs' power limit below their TDP (a power item), else None
 
     @classmethod
     def build(
@@ -190,6 +191,7 @@ class Twin:
             args = {**args, "model_path": model.model_path}
         hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
         _check_values(args)
+        power_limit = _power_limit(config, hw)
         tp, pp = int(args.get("tp_size") or 1), int(args.get("pp_size") or 1)
         ep = int(args.get("ep_size") or 1)
         a2a_backend = _check_topology(args, gpus, tp, pp, ep)
@@ -235,6 +237,7 @@ class Twin:
             "kv_cache_dtype": model.default_kv_dtype if par.kv_dtype == "auto" else par.kv_dtype,
             "weights_gib_per_gpu": round(weights_gib, 2),
             "kv_pool_gib_per_gpu": round(max(pool_gib, 0), 2),
+            "power_limit_w": power_limit or hw.tdp_w,
         }
         return cls(
             model=model,
@@ -250,6 +253,7 @@ class Twin:
             no_effect=list(no_effect),
             load_faults=load_faults,
             warnings=warnings,
+            power_limit_w=power_limit,
         )
 
     def workload(self, spec: m.BenchSpec, concurrency: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -259,11 +263,43 @@ class Twin:
 
     def simulate(self, spec: m.BenchSpec, concurrency: int, *, noise: float = 0.0, seed: int | None = None,
                  check: Callable[[], None] | None = None) -> LevelSimulation:  # fmt: skip
-        """Simulate one level of `spec` at `concurrency`."""
+        """Simulate one level of `spec` at `concurrency` (under a power limit, at the clock that holds it)."""
+        sim = self._simulate_at(1.0, spec, concurrency, noise, seed, check)
+        if self.power_limit_w is None or self.power_w(sim, limited=False) <= self.power_limit_w:
+            return sim
+        return self._clocked(sim, spec, concurrency, noise, seed, check)
+
+    def _clocked(self, full: LevelSimulation, spec: m.BenchSpec, concurrency: int, noise: float, seed: int | None,
+                 check: Callable[[], None] | None) -> LevelSimulation:  # fmt: skip
+        """The level at the SM clock share c where the power model meets the limit (costmodel.py): a guess with
+        the wall time held, then c from the wall time fitted as A + B / c through both simulations."""
+        cap, hw, cal = float(self.power_limit_w or self.hw.tdp_w), self.hw, self.hw.calibration
+        budget = (cap - hw.idle_w) / ((hw.tdp_w - hw.idle_w) * cal.power_activity)  # w u_t c^2 + u_m at the cap
+        weight = cal.power_compute_weight * full.tensor_s
+
+        def clock_for(wall: Callable[[float], float]) -> float:
+            lo, hi = MIN_CLOCK, 1.0
+            for _ in range(40):  # bisection on the model alone: no simulation
+                c = (lo + hi) / 2
+                lo, hi = (c, hi) if (weight * c * c + full.memory_s) / wall(c) <= budget else (lo, c)
+            return lo
+
+        c1 = clock_for(lambda c: full.wall_s)
+        guess = self._simulate_at(c1, spec, concurrency, noise, seed, check)
+        if c1 >= 1.0 - 1e-6 or abs(guess.wall_s - full.wall_s) < 1e-12:
+            return guess
+        b = (guess.wall_s - full.wall_s) / (1 / c1 - 1.0)
+        a = full.wall_s - b
+        c2 = clock_for(lambda c: max(a + b / c, 1e-9))
+        return self._simulate_at(c2, spec, concurrency, noise, seed, check)
+
+    def _simulate_at(self, clock: float, spec: m.BenchSpec, concurrency: int, noise: float, seed: int | None,
+                     check: Callable[[], None] | None) -> LevelSimulation:  # fmt: skip
         inputs, outputs, arrivals = self.workload(spec, concurrency)
         fault = self.load_faults[0] if self.load_faults else None
-        return simulate_level(
-            self.cost,
+        cost = self.cost if clock >= 1.0 else CostModel(self.model, self.hw, self.par, clock=clock)
+        sim = simulate_level(
+            cost,
             self.limits,
             max_concurrency=concurrency,
             input_lens=inputs,
@@ -275,10 +311,15 @@ class Twin:
             ignore_eos=spec.ignore_eos,
             check=check,
         )
+        sim.clock = cost.clock
+        return sim
 
-    def power_w(self, sim: LevelSimulation) -> float:
-        """Mean power per GPU over a simulated level, from its tensor-core and memory use (costmodel.power_w)."""
-        return self.cost.power_w(sim.tensor_s / sim.wall_s, sim.memory_s / sim.wall_s)
+    def power_w(self, sim: LevelSimulation, *, limited: bool = True) -> float:
+        """Mean power per GPU over a simulated level, from its tensor-core and memory use at its clock
+        (costmodel.power_w); never above the power limit (the driver holds it) unless `limited` is False."""
+        cost = self.cost if sim.clock >= 1.0 else CostModel(self.model, self.hw, self.par, clock=sim.clock)
+        power = cost.power_w(sim.tensor_s / sim.wall_s, sim.memory_s / sim.wall_s)
+        return min(power, self.power_limit_w) if limited and self.power_limit_w is not None else power
 
     def level(self, spec: m.BenchSpec, sim: LevelSimulation, concurrency: int,
               check: Callable[[], None] | None = None) -> m.BenchLevel:  # fmt: skip
@@ -293,10 +334,16 @@ class Twin:
             random_output_len=spec.random_output_len,
             random_range_ratio=spec.random_range_ratio,
             check=check,
+            goodput_slos_ms=spec.goodput_slos_ms,
         )
+        power = self.power_w(sim)
+        joules = power * self.par.gpus * sim.wall_s
         return m.BenchLevel(
-            **level.model_dump(),
-            mean_gpu_power_w=round(self.power_w(sim), 1),
+            **level.model_dump(exclude={"mean_gpu_power_w", "energy_per_output_token_j"}),
+            mean_gpu_power_w=round(power, 1),
+            energy_per_output_token_j=round(joules / level.total_output_tokens, 4)
+            if level.total_output_tokens
+            else None,
             max_token_usage=round(sim.max_token_usage, 4),
         )
 
@@ -310,9 +357,11 @@ class Twin:
             "power_w_mean": round(power, 1),
             "power_w_p95": round(power, 1),
             "power_w_max": round(power, 1),
-            "power_limit_w": self.hw.tdp_w,
+            "power_limit_w": self.power_limit_w or self.hw.tdp_w,
             "util_gpu_pct_mean": round(100 * busy, 1),
+            "sm_clock_mhz_mean": round(self.hw.sm_clock_mhz * sim.clock, 1) if self.hw.sm_clock_mhz else None,
             "energy_j": round(power * sim.wall_s, 1),
+            "energy_source": "model",
         }
         return m.Telemetry(
             source="simulated",
@@ -341,6 +390,7 @@ class Twin:
                     **compute_level([], max_concurrency=concurrency).model_dump(exclude={"failed", "errors"}),
                     failed=n,
                     errors={"connection refused (server is down)": n},
+                    **failed_goodput(spec.goodput_slos_ms),
                 )
                 out.append((level, sim))
                 continue
@@ -372,6 +422,26 @@ class Twin:
             "max_total_num_tokens": self.limits.kv_capacity_tokens,
             "launch_flags": self.config.argv(),
         }
+
+
+POWER_LIMIT_REFUSED = "power-limit"  # the crash class of a power limit the GPUs do not take
+
+
+def _power_limit(config: m.ServerConfig, hw: HardwareProfile) -> float | None:
+    """The config's GPU power limit when it is below the TDP (None: full power); one outside the GPU's range is
+    refused as NVML refuses it (nvmlDeviceSetPowerManagementLimit: Invalid Argument)."""
+    watts = config.gpu_power_limit_w
+    if watts is None:
+        return None
+    lo, hi = hw.power_limit_range_w
+    if not lo <= watts <= hi:
+        raise TwinStartupError(
+            f"the {hw.title} takes power limits from {lo:g} to {hi:g} W, not {watts:g} W",
+            log=f"pivot: nvmlDeviceSetPowerManagementLimit({watts * 1000:.0f} mW): Invalid Argument "
+            f"(constraints {lo * 1000:.0f}..{hi * 1000:.0f} mW)",
+            classify=POWER_LIMIT_REFUSED,
+        )
+    return float(watts) if watts < hw.tdp_w else None
 
 
 def _check_topology(args: dict[str, Any], gpus: int, tp: int, pp: int, ep: int) -> str:

@@ -1,0 +1,198 @@
+"""What a campaign optimizes: the objective (throughput, goodput, capacity or energy) and the latency SLOs it is
+judged under, as a plan's `[objective]` table and `pivot run --objective ... --slo ttft:500,tpot:50` give it.
+
+SLOs are per request, in milliseconds, as SGLang 0.5.23's benchmark (`--goodput ttft:500 tpot:50 e2el:20000`) and
+vLLM's define them: a request is good when it succeeded and met every SLO given; a failed request counts against
+attainment; a one-token answer has TPOT 0. `slo_attainment` is the share of the requests sent that were good.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from agent.models.base import _Model
+
+SloMetric = Literal["ttft", "tpot", "e2el"]
+SLO_METRICS: tuple[SloMetric, ...] = ("ttft", "tpot", "e2el")
+SLO_LABELS = {"ttft": "TTFT", "tpot": "TPOT", "e2el": "E2E latency"}
+ObjectiveKind = Literal["throughput", "goodput", "capacity", "energy"]
+LoadAxis = Literal["concurrency", "request_rate"]
+GoodputKind = Literal["request", "token"]
+
+DEFAULT_ATTAINMENT = 0.95  # AIPerf's max-goodput-under-slo recipe and the issue's default
+_PAIR = re.compile(r"^\s*([A-Za-z0-9_]+)\s*:\s*(\S+)\s*$")
+
+
+def check_slos(slos: Mapping[str, float]) -> dict[SloMetric, float]:
+    """SLOs in SGLang's order (ttft, tpot, e2el) after SGLang's own checks: a known metric, a positive finite number
+    of milliseconds; ValueError (in words a user can act on) otherwise."""
+    out: dict[SloMetric, float] = {}
+    for name, value in slos.items():
+        if name not in SLO_METRICS:
+            raise ValueError(f"unknown SLO {name!r}: the SLOs are ttft, tpot and e2el (milliseconds)")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"SLO {name} must be a number of milliseconds, not {value!r}")
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"SLO {name} must be a positive, finite number of milliseconds (got {value})")
+        out[name] = float(value)  # type: ignore[index]
+    return {k: out[k] for k in SLO_METRICS if k in out}
+
+
+def parse_slos(text: str | Iterable[str]) -> dict[SloMetric, float]:
+    """SLOs from SGLang's `--goodput` pairs: "ttft:500 tpot:50", "ttft:500,tpot:50" or a list of pairs (ms).
+
+    Raises ValueError for a pair that is not METRIC:MS, an unknown metric, a value that is not a positive finite
+    number, or a metric given twice (SGLang refuses the same)."""
+    tokens = text.replace(",", " ").split() if isinstance(text, str) else [p for t in text for p in t.split(",")]
+    tokens = [t for t in tokens if t.strip()]
+    if not tokens:
+        raise ValueError("no SLO given: write them as ttft:500,tpot:50 (milliseconds)")
+    slos: dict[str, float] = {}
+    for token in tokens:
+        match = _PAIR.match(token)
+        if not match:
+            raise ValueError(f"{token!r} is not an SLO: write METRIC:MILLISECONDS, e.g. ttft:500")
+        name, raw = match.group(1).lower(), match.group(2)
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"SLO {name} must be a number of milliseconds, not {raw!r}") from None
+        if name in slos:
+            raise ValueError(f"SLO {name} is given twice")
+        slos[name] = value
+    return check_slos(slos)
+
+
+def slo_text(slos: Mapping[str, float]) -> str:
+    """The SLOs in words: "TTFT <= 500 ms, TPOT <= 50 ms"."""
+    return ", ".join(f"{SLO_LABELS[k]} <= {v:g} ms" for k, v in slos.items())
+
+
+class Objective(_Model):
+    """What the campaign optimizes and the SLOs it is judged under (a plan's `[objective]` table).
+
+    - throughput: output tok/s at the judged level (the default; SLOs given here are reported, not judged);
+    - goodput: request goodput (good requests per second) or token goodput (output tokens of good requests per
+      second) at the judged level;
+    - capacity: the highest load (concurrency, or request rate with Poisson arrivals) at which SLO attainment is at
+      least `attainment_target`, found per experiment by levels that bracket the crossing;
+    - energy: output tokens per joule at the judged level; with SLOs, only the tokens of good requests count and a
+      level whose attainment is under the target does not count at all.
+    """
+
+    kind: ObjectiveKind = Field(default="throughput", description="throughput | goodput | capacity | energy.")
+    ttft_ms: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="SLO on time to first token, per request (ms)."
+    )
+    tpot_ms: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="SLO on time per output token after the first (ms)."
+    )
+    e2el_ms: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="SLO on end-to-end latency, per request (ms)."
+    )
+    attainment_target: float = Field(
+        default=DEFAULT_ATTAINMENT,
+        gt=0,
+        le=1,
+        description="The share of requests that must be good (capacity; energy and goodput under SLOs report it).",
+    )
+    goodput: GoodputKind = Field(
+        default="request",
+        description="goodput: request (SGLang's and vLLM's request_goodput, req/s) or token (output tok/s of good "
+        "requests, pivot's token_goodput_tok_s).",
+    )
+    load: LoadAxis = Field(
+        default="concurrency",
+        description="capacity: the load that grows, concurrency (max_concurrency) or request rate (Poisson arrivals).",
+    )
+    load_min: float | None = Field(
+        default=None,
+        gt=0,
+        description="capacity: the lowest load tried (default: the workload's lowest concurrency; 0.1 req/s).",
+    )
+    load_max: float | None = Field(
+        default=None,
+        gt=0,
+        description="capacity: the highest load tried (default: the workload's highest concurrency; 1000 req/s).",
+    )
+    max_levels: int = Field(default=6, ge=2, le=24, description="capacity: levels per experiment, at most.")
+    resolution: float = Field(
+        default=0.1, gt=0, le=1, description="capacity: the bracket is narrowed until upper / lower - 1 is this."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Objective:
+        if self.kind in ("goodput", "capacity") and not self.slos_ms:
+            raise ValueError(f"a {self.kind} objective needs at least one SLO: ttft_ms, tpot_ms or e2el_ms")
+        if self.load_min is not None and self.load_max is not None and self.load_min >= self.load_max:
+            raise ValueError(f"load_min ({self.load_min:g}) must be below load_max ({self.load_max:g})")
+        if self.load == "concurrency":
+            for name in ("load_min", "load_max"):
+                value = getattr(self, name)
+                if value is not None and value != int(value):
+                    raise ValueError(f"{name} is a concurrency here: a whole number, not {value:g}")
+        return self
+
+    @property
+    def slos_ms(self) -> dict[SloMetric, float]:
+        """The SLOs given, in SGLang's spelling and order: {"ttft": 500.0, "tpot": 50.0}."""
+        pairs = (("ttft", self.ttft_ms), ("tpot", self.tpot_ms), ("e2el", self.e2el_ms))
+        return {k: float(v) for k, v in pairs if v is not None}  # type: ignore[misc]
+
+    @classmethod
+    def build(
+        cls,
+        kind: str | None = None,
+        slos: Mapping[str, float] | None = None,
+        base: Objective | None = None,
+        **kw: object,
+    ) -> Objective:
+        """`base` (default: throughput) with another kind and/or SLOs (replacing all of base's SLOs), validated."""
+        data = (base or cls()).model_dump()
+        if kind is not None:
+            data["kind"] = kind
+        if slos is not None:
+            checked = check_slos(slos)
+            for metric in SLO_METRICS:
+                data[f"{metric}_ms"] = checked.get(metric)
+        data.update({k: v for k, v in kw.items() if v is not None})
+        return cls.model_validate(data)
+
+    @property
+    def judged_by_slos(self) -> bool:
+        """Whether the SLOs decide the objective's value (goodput, capacity, energy under SLOs)."""
+        return self.kind != "throughput" and bool(self.slos_ms)
+
+    def slo_words(self) -> str:
+        """The SLOs in words, "TTFT <= 500 ms, TPOT <= 50 ms" ("" without any)."""
+        return slo_text(self.slos_ms)
+
+    @property
+    def unit(self) -> str:
+        """The objective's unit, as summaries write it."""
+        if self.kind == "goodput":
+            return "good req/s" if self.goodput == "request" else "good output tok/s"
+        if self.kind == "capacity":
+            return "concurrent requests" if self.load == "concurrency" else "req/s"
+        if self.kind == "energy":
+            return "output tok/J"
+        return "output tok/s"
+
+    def describe(self) -> str:
+        """The objective in words: "capacity at TTFT <= 500 ms, TPOT <= 50 ms (95% of requests)"."""
+        slos = self.slo_words()
+        share = f"{self.attainment_target * 100:g}% of requests"
+        if self.kind == "throughput":
+            return "output tok/s" + (f" (SLOs reported: {slos})" if slos else "")
+        if self.kind == "goodput":
+            what = "request goodput" if self.goodput == "request" else "token goodput"
+            return f"{what} at {slos}"
+        if self.kind == "capacity":
+            load = "concurrent requests" if self.load == "concurrency" else "request rate (Poisson arrivals)"
+            return f"capacity ({load}) at {slos} ({share})"
+        return "output tokens per joule" + (f" at {slos} ({share})" if slos else "")
