@@ -45,8 +45,16 @@ class Target(_Model):
     """What is being optimized: a model on some GPUs under one serving engine, with its base flags."""
 
     model: str = Field(description="The model path or hub id the engine serves (`--model-path`).")
-    model_profile: str | None = Field(default=None, description="Name of a model profile, e.g. glm-5-nvfp4.")
-    hardware: str = Field(description="Name of a hardware profile, e.g. rtx-pro-6000-blackwell.")
+    model_profile: str | None = Field(
+        default=None,
+        description="Name of a model profile, e.g. glm-5-nvfp4; unset: the shipped one that serves `model`, else one "
+        "pivot generates from the model's config.json.",
+    )
+    hardware: str | None = Field(
+        default=None,
+        description="Name of a hardware profile, e.g. rtx-pro-6000-blackwell; unset: this host's (NVML's GPU, else "
+        "its CPU), as pivot detects it.",
+    )
     gpus: int = Field(ge=1)
     engine: str = "sglang"
     engine_version: str | None = None
