@@ -463,8 +463,8 @@ class Autopilot(Steps):
                 else "unknown"
             )
             q = (
-                f"The baseline did not start ({why}), and nothing can be compared without it. Fix what stops it "
-                "(the plan's base flags, the engine's installation or options), then answer 'continue' to try again."
+                f"The baseline {'server refused the benchmark' if 'request-refused' in why else 'did not start'} ({why})"
+                ", and nothing compares without it. Fix it (base flags, workload, engine options), then answer 'continue'."
             )
             return " ".join(q.split()), ["continue: try the baseline again", "stop: end the campaign"]
         else:
