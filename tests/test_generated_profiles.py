@@ -10,12 +10,11 @@ import pytest
 from click.testing import CliRunner
 
 from agent import models as m
-from agent import reports
 from agent.cli import cli
 from agent.plans import load_plan, parse_plan
-from agent.reports import SessionRef
 from agent.session import Session
 from tests.factories import bench_level
+from tools import reports
 from tools.analysis import analyze
 from tools.profiles import load_hardware
 from tools.profiles.generated import (
@@ -26,6 +25,7 @@ from tools.profiles.generated import (
     model_vocab_size,
 )
 from tools.profiles.target import session_profiles, target_profiles
+from tools.reports import SessionRef
 
 LLAMA = {
     "architectures": ["LlamaForCausalLM"],

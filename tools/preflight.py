@@ -90,7 +90,7 @@ def _engine_audit(
 ) -> tuple[list[PlanProblem], str, list[tuple[str, list[m.FlagIssue], set[str] | None]]]:
     """The plan's engine's own audit (vLLM: its installed parser when its interpreter can dump it): the info lines
     that say which parser judged, its title, and the rows per place."""
-    from agent.session import load_engine
+    from agent.contracts import load_engine
 
     target = plan.target
     info: list[PlanProblem] = []
