@@ -205,3 +205,13 @@ def test_a_cpu_target_is_analysed_from_its_measurements_and_says_what_is_not_kno
     level_texts = [f.text for f in result.findings if f.kind == "level"]
     assert len(level_texts) == 2 and all("(measured)" in t and "floor" not in t for t in level_texts)
     assert "No bottleneck is named" in result.summary
+
+
+def test_a_model_pivot_cannot_read_is_analysed_from_its_measurements(store, paths, tmp_path):
+    """A hub id that is not downloaded here (the engine fetches it): no profile yet, so the measurements alone."""
+    levels = [bench_level(1, 40.0, mean_tpot_ms=20.0), bench_level(8, 230.0, mean_tpot_ms=30.0)]
+    sid = _session_with(store, paths, plan_for("org/not-downloaded"), levels)
+    result = analyze(SessionRef(store, paths, sid))
+    assert result.bottleneck is None and result.reference_concurrency == 8
+    notes = [f.text for f in result.findings if f.kind == "note"]
+    assert notes and "no model profile serves 'org/not-downloaded'" in notes[0]

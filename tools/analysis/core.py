@@ -48,9 +48,16 @@ def analyze(
     record = store.get_session(session_id)
     experiment_id, experiment = _experiment(store, session_id, experiment_id)
     target = record.plan.target
-    profiles = session_profiles(store, session_id)
-    model, hw = profiles.model, profiles.hardware
     levels, source = _levels(store, experiment_id)
+    try:
+        profiles = session_profiles(store, session_id)
+    except PivotError as e:  # no profile and no config.json here: the measurements alone, saying why
+        analysis = Analysis(session_id=session_id, experiment_id=experiment_id, model_profile="unknown",
+                            hardware=target.hardware or "unknown", gpus=target.gpus, tp=1, pp=1, ep=1, dense=True,
+                            source=source)  # fmt: skip
+        note = _finding("note", f"No roofline: {e.message}; the levels are measurements only.", {}, severity="info")
+        return _measured_only(session, analysis, levels, _telemetry_by_level(store, experiment_id), [note])
+    model, hw = profiles.model, profiles.hardware
     lay = layout(experiment.config, _server_info(levels), engine=session_engine(record))
     kv_dtype = flag_value(experiment.config, "--kv-cache-dtype")
     bench = [r for r in store.microbench_results() if r.device in (hw.name, hw.title)]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from agent import models as m
 from agent.contracts import Engine
+from agent.errors import PivotError
 from tools.analysis.common import (
     KV_FULL,
     SessionLike,
@@ -43,10 +44,11 @@ def check_plan(session: SessionLike) -> list[m.Finding]:
         for f in store.findings(session_id, kind="level")
         if f.experiment_id is not None and "kv_usage_pct" in f.values
     ]
-    out = plan_claims(
-        plan, store.experiments(session_id), kv_levels, engine=session_engine(record),
-        profiles=session_profiles(store, session_id),
-    )  # fmt: skip
+    try:
+        profiles = session_profiles(store, session_id)
+    except PivotError:  # no profile and no config.json here yet: nothing to check the claims against
+        return store.replace_findings(session_id, None, [])
+    out = plan_claims(plan, store.experiments(session_id), kv_levels, engine=session_engine(record), profiles=profiles)
     return store.replace_findings(session_id, None, out)
 
 
