@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -155,8 +156,8 @@ def test_the_shipped_plan_runs_to_its_end(tmp_path):
 
     summaries = sorted((tmp_path / "docs_out" / session).glob("status-*.md"))
     assert summaries
-    for path in summaries:
+    for path in summaries:  # nothing the CPU's unknown peaks could support: no floor ratio, no roofline figure
         text = path.read_text()
-        for wrong in ("bandwidth floor", "it takes to read", "the twin predicts", "TFLOPS"):
-            assert wrong not in text, (path.name, wrong)
-    assert "No bottleneck named" in summaries[-1].read_text()
+        assert not re.search(r"\d x the|\dx the [\d.,]+ ms|it takes to read|bandwidth floor ms|TFLOPS", text), path.name
+        assert "the twin" not in text, path.name
+    assert "No bottleneck named" in summaries[-1].read_text() and "No roofline for" in summaries[-1].read_text()
