@@ -107,6 +107,7 @@ def not_installed_rule(module: str, command: str) -> FailureRule:
 UNKNOWN = "unknown"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _LOG_PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:.]+[^\]]*\]\s*")
+_MODULE_PREFIX = re.compile(r"^(?:[A-Za-z_]\w*\.)+(?=\w+(?:Error|Exception)\b)")  # pydantic_core._pydantic_core.
 
 
 def diagnose(lines: str | Sequence[str], rules: Sequence[FailureRule] = COMMON_RULES) -> Diagnosis:
@@ -125,7 +126,10 @@ def diagnose(lines: str | Sequence[str], rules: Sequence[FailureRule] = COMMON_R
             if rule.pattern.search(clean[i]):
                 line = clean[i].strip()
                 after = next((x for x in clean[i + 1 : i + 6] if rule.detail and rule.detail.search(x)), None)
-                return Diagnosis(rule.failure, f"{line}: {after.strip()}" if after else line)
+                if after is None:
+                    return Diagnosis(rule.failure, line)
+                line = _MODULE_PREFIX.sub("", _LOG_PREFIX.sub("", line))  # the detail needs the room
+                return Diagnosis(rule.failure, f"{line}: {after.strip()}")
     return Diagnosis(UNKNOWN)
 
 

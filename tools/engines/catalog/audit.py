@@ -89,7 +89,7 @@ def audit(catalog: Catalog, config: ServerConfig, *, noop: Mapping[str, NoopFlag
     except CatalogError:  # flags that parse one by one but not together: no verdict on combinations
         return rows
     for combo in catalog.refused_combinations(values):
-        refusal = f"{combo.error}: {combo.text(values)}"
+        refusal = f"{combo.error}: {combo.message}"
         advice = f"{catalog.name} refuses this combination at startup; instead: {combo.fix}"
         for i, flag in enumerate(config.flags):
             spec = catalog.resolve(flag.name)

@@ -223,7 +223,7 @@ class InvalidCombination:
     flags: tuple[str, ...]
     when: str  # an expression over parsed values (dests), e.g. "a and b == 'none'"
     error: str  # the exception the engine raises, e.g. "ValueError"
-    message: str  # the engine's message, exactly; `{dest}` stands for that flag's parsed value
+    message: str  # the engine's message, exactly
     fix: str
     source: str = ""
     _tree: ast.Expression = field(init=False, repr=False, compare=False)
@@ -241,10 +241,6 @@ class InvalidCombination:
             ZeroDivisionError,
         ):  # a dest missing or a None compared with a number: cannot be decided
             return False
-
-    def text(self, values: Mapping[str, Any]) -> str:
-        """The engine's message with the parsed values in it (`{max_model_len}` -> 2048), as the engine prints it."""
-        return re.sub(r"\{(\w+)\}", lambda m: str(values.get(m.group(1), m.group(0))), self.message)
 
 
 @dataclass
