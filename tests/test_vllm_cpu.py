@@ -269,3 +269,10 @@ def test_a_refused_benchmark_is_the_experiments_outcome_not_an_exit(tmp_path, mo
     shown = json.loads(runner.invoke(cli, ["show", json.loads(fixed.stdout)["session"], "--json"]).stdout)
     assert [e["verdict"] for e in shown["experiments"] if e["kind"] == "baseline"] == ["baseline"]
     assert os.environ.get("FAKE_VLLM_VOCAB") == "1000"
+
+
+def test_a_vllm_plan_that_names_the_model_only_in_its_target_gets_vllms_flag():
+    from agent.plans import parse_plan
+
+    plan = parse_plan(CAMPAIGN.replace('flags = "--model fake-8b"\n', "").replace("{extra}", ""))
+    assert plan.target.base_config().argv()[:2] == ["--model", "fake-8b"]

@@ -61,10 +61,12 @@ class Target(_Model):
     flags: ServerConfig = Field(default_factory=ServerConfig, description="Base flags every experiment starts from.")
 
     def base_config(self) -> ServerConfig:
-        """The base flags with `--model-path` first unless the flags already name the model."""
+        """The base flags with the model first (`--model-path`; vLLM's `--model`, the flag its Engine.model_flags
+        names) unless the flags already name the model."""
         if any(n in self.flags for n in ("--model-path", "--model")):
             return self.flags
-        return ServerConfig(flags=(Flag(name="--model-path", value=self.model), *self.flags.flags), env=self.flags.env)
+        flag = "--model" if self.engine == "vllm" else "--model-path"
+        return ServerConfig(flags=(Flag(name=flag, value=self.model), *self.flags.flags), env=self.flags.env)
 
 
 class PlanItem(_Model):
