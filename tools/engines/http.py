@@ -22,8 +22,8 @@ from agent.errors import PivotError
 from agent.session import Paths
 from tools.engines.failures import COMMON_RULES, FailureRule, short_line
 from tools.engines.process import ManagedServer
-from tools.telemetry.summary import energy_fields
 from tools.metrics import DEFAULT_VOCAB_SIZE
+from tools.telemetry.summary import energy_fields
 
 if TYPE_CHECKING:
     from agent.session import Session
