@@ -9,7 +9,8 @@ From config.json (the text model's, for multimodal configs that nest it): layers
 heads and head size (MLA's latent KV where there is one), MLP width, routed experts and experts per token with their
 width, shared experts and the leading dense layers, vocabulary, context length, dtype (FP8 when its quantization
 config says so). The parameters by part (attention, MLP, experts, embedding, output layer) and the KV bytes per
-token follow from the shape, for a gated MLP (three projections), which every current model has. A GPU is named by
+token follow from the shape, for a gated MLP (three projections), which every current model has; MLA's attention
+weights are counted as standard attention of the same heads (its KV per token is the latent one). A GPU is named by
 NVML with its memory and power limit; a shipped profile of the same GPU is used whole (it is calibrated), else its
 peaks come from KNOWN_GPUS (datasheets). A host without NVML is its CPU: memory known, bandwidth and peaks not.
 """
