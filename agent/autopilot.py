@@ -388,11 +388,7 @@ class Autopilot(Steps):
         searched = method.settings.search
         if undone:
             rest = ", ".join(f"{it.id} {it.title}" for it in undone[:4])
-            how = (
-                "the search predicts each on the best configuration and launches what beats the noise band"
-                if searched
-                else "one at a time on the best configuration"
-            )
+            how = self.search_words(method, searched)
             options.append(f"continue: the remaining items of this tier ({rest}); {how}")
         elif later:
             t = later[0]
@@ -402,12 +398,7 @@ class Autopilot(Steps):
             if searched and not code:
                 nxt = Decision(released={*d.released, t}, requested=[])
                 ahead = search.launchable(method, nxt, self._validate)
-                note = (
-                    f"; the search's first step there: {ahead[0][1]}"
-                    if ahead
-                    else "; the twin predicts nothing there beyond the noise band: items it can predict are "
-                    "recorded as predicted without a launch"
-                )
+                note = f"; the search's first step there: {ahead[0][1]}" if ahead else self.nothing_ahead(method)
             options.append(f"continue: Tier {t} ({plan.tiers.get(t, 'next')}): {items}{note}")
         if kind == "crash":
             retry = self.retry_option(method, ledger)
@@ -463,14 +454,33 @@ class Autopilot(Steps):
                 else "unknown"
             )
             q = (
-                f"The baseline did not start ({why}), and nothing can be compared without it. Fix what stops it "
-                "(the plan's base flags, the engine's installation or options), then answer 'continue' to try again."
+                f"The baseline {'server refused the benchmark' if 'request-refused' in why else 'did not start'} ({why})"
+                ", and nothing compares without it. Fix it (base flags, workload, engine options), then answer 'continue'."
             )
             return " ".join(q.split()), ["continue: try the baseline again", "stop: end the campaign"]
         else:
             names = ", ".join(f"Tier {t} ({plan.tiers.get(t, '')})".replace(" ()", "") for t in tiers_done[-1:])
             q = f"{names or 'The items you opened'} done. {headline} Which way next?"
         return " ".join(q.split()), options
+
+    @staticmethod
+    def search_words(method: Method, searched: bool) -> str:
+        """How the remaining items of a tier are run, in words: predicted first when the engine has a predictor."""
+        if not searched:
+            return "one at a time on the best configuration"
+        if search.predictor_for(method) is None:
+            return f"each measured on the best configuration ({search.no_predictor_text(method)})"
+        return "the search predicts each on the best configuration and launches what beats the noise band"
+
+    @staticmethod
+    def nothing_ahead(method: Method) -> str:
+        """Why the search has no first step in the next tier, in words."""
+        if search.predictor_for(method) is None:
+            return f"; {search.no_predictor_text(method)} each item there"
+        return (
+            "; the twin predicts nothing there beyond the noise band: items it can predict are recorded as predicted "
+            "without a launch"
+        )
 
     def retry_option(self, method: Method, ledger: reports.Ledger) -> str | None:
         """After a crash under load: the item again with max running requests capped at the last level that held

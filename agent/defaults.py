@@ -55,6 +55,11 @@ def session_settings(
     name, see METHOD_SETTINGS; one not given keeps its default) and the engine's options (the simulated engines get
     the plan's model profile, hardware and GPU count unless told otherwise)."""
     opts = dict(options)
+    if engine in SIMULATED and not (opts.get("hardware") or target.hardware):
+        raise PivotError(
+            f"the {engine} engine simulates named hardware: the plan's target.hardware is not set",
+            hint="name a hardware profile in the plan (tools/profiles/hardware/), or -o hardware=NAME",
+        )
     if engine in SIMULATED:
         if target.model_profile:
             opts.setdefault("model_profile", target.model_profile)

@@ -53,6 +53,17 @@ class PluginError(PivotError):
     """A plugin could not be found or loaded."""
 
 
+class RequestsRefused(PivotError):
+    """The server is up but refused every request of the benchmark's first level (an HTTP error before anything was
+    measured): an outcome of the experiment, recorded with `failure` and the server's words in `detail`."""
+
+    failure = "request-refused"
+
+    def __init__(self, message: str, hint: str | None = None, *, detail: str) -> None:
+        super().__init__(message, hint)
+        self.detail = detail
+
+
 class LaunchFailed(PivotError):
     """A server did not start (or not in time); `failure` is the class pivot records (oom, startup-timeout, ...)."""
 

@@ -92,7 +92,7 @@ def state_text(session: Session) -> str:
     plan = method.plan
     t = plan.target
     lines = [
-        f"Session {session.id}: plan {plan.name} ({plan.title}); {t.model} on {t.gpus}x {t.hardware}, "
+        f"Session {session.id}: plan {plan.name} ({plan.title}); {t.model} on {session.record.hardware_text}, "
         f"engine {session.record.engine}.",
         "Tiers: " + "; ".join(f"{k} {v}: {', '.join(i.id for i in plan.tier_items(k))}" for k, v in plan.tiers.items()),
         f"Noise band: {method.band_pct():.1f}% (floor {method.settings.min_gain_pct:g}%); reruns "

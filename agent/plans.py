@@ -34,6 +34,7 @@ A plan file looks like this (see plans/ for complete ones):
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -109,13 +110,54 @@ def _field_name(loc: tuple[str | int, ...]) -> str:
     return out or "(plan)"
 
 
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_HOME = re.compile(r"(^|(?<=[\s=]))~(?=/|$|\s)")
+
+
+def expand(text: str) -> str:
+    """`${NAME}` and `${NAME:-default}` replaced by the environment's value (the default when unset or empty), and a
+    `~` that starts a path by the home directory: what lets a shipped plan name a model under a local cache."""
+
+    def var(match: re.Match[str]) -> str:
+        value = os.environ.get(match.group(1))
+        if value:
+            return value
+        if match.group(2) is not None:
+            return match.group(2)
+        raise PlanError(
+            f"${{{match.group(1)}}} is not set",
+            hint=f"export {match.group(1)}, or write ${{{match.group(1)}:-DEFAULT}} in the plan",
+        )
+
+    return _HOME.sub(lambda m: m.group(1) + str(Path.home()), _VAR.sub(var, text))
+
+
+def _expand_target(data: dict[str, Any]) -> None:
+    """The target's model and base flags with `${VAR}` and `~` expanded (they are what a launch uses)."""
+    target = data.get("target")
+    if not isinstance(target, dict):
+        return
+    if isinstance(target.get("model"), str):
+        target["model"] = expand(target["model"])
+    flags = target.get("flags")
+    if isinstance(flags, str):
+        target["flags"] = expand(flags)
+    elif isinstance(flags, dict) and isinstance(flags.get("flags"), str):
+        flags["flags"] = expand(flags["flags"])
+
+
 def parse_plan(text: str, source: str = "<plan>") -> Plan:
-    """Parse and validate plan text; PlanError names `source`, the line and the field of the first problem."""
+    """Parse and validate plan text; PlanError names `source`, the line and the field of the first problem. The
+    target's model and base flags may name `${VAR}`, `${VAR:-default}` and `~/...` (expanded here)."""
     try:
         data: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise PlanError(f"{source}: not valid TOML: {e}", hint="fix the syntax at that line") from e
     data.pop("source", None)
+    try:
+        _expand_target(data)
+    except PlanError as e:
+        raise PlanError(f"{source}: target: {e.message}", hint=e.hint) from e
     try:
         plan = Plan.model_validate(data)
     except ValidationError as e:

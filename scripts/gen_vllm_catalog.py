@@ -40,16 +40,6 @@ CATALOG_DIR = ROOT / "tools" / "engines" / "catalog"
 VERSION = "0.33.0"
 PROG = "vllm serve"
 FLAG_KEYS = ("opts", "dest", "type", "default", "choices", "nargs", "action", "required")
-# The lambdas vLLM gives as types, by dest (vllm/engine/arg_utils.py), and the names vllm_argtypes.py has for them.
-LAMBDA_TYPES = {
-    "moe_backend": "lower_underscore",
-    "linear_backend": "lower_underscore",
-    "sparse_indexer_topk_backend": "lower_underscore",
-    "device_ids": "device_id_list",
-}
-# "has no effect" without a condition ("has no effect with Ray executors" is not a no-op)
-_NO_EFFECT = re.compile(r"has no effect(?!\s+(?:with|when|if|unless|on|for)\b)", re.IGNORECASE)
-_FLAG = re.compile(r"--[a-z0-9][a-z0-9-]*(?:\.[a-z0-9_.-]+)?")
 
 
 class CatalogSourceError(Exception):
@@ -261,16 +251,12 @@ def build_parser(source: Path) -> tuple[argparse.ArgumentParser, list[str]]:
 
 
 def _type_name(fn: Any, dest: str) -> str:
-    if fn is None:
-        return "None"
-    name = getattr(fn, "__name__", type(fn).__name__)
-    if name == "<lambda>":
-        if dest not in LAMBDA_TYPES:
-            raise CatalogSourceError(f"{dest}: a lambda type this script does not know (add it to LAMBDA_TYPES)")
-        return LAMBDA_TYPES[dest]
-    if name in ("_optional_type", "_parse_type"):
-        inner = fn.__closure__[fn.__code__.co_freevars.index("return_type")].cell_contents
-        return f"{name[1:]}({_type_name(inner, dest)})"
+    """The catalog's name for an argparse type (tools/engines/catalog/vllm_parser_dump.py names them for both)."""
+    from tools.engines.catalog.vllm_parser_dump import type_name
+
+    name = type_name(fn, dest)
+    if "lambda" in name:
+        raise CatalogSourceError(f"{dest}: a lambda type this script does not know (add it to LAMBDA_TYPES)")
     return name
 
 
@@ -336,38 +322,11 @@ def dump(parser: argparse.ArgumentParser) -> tuple[list[dict[str, Any]], dict[st
 # ---------------------------------------------------------------------------------------------- annotations
 
 
-def _replacement(text: str, flag: str) -> str | None:
-    match = re.search(r"[Uu]se (`?(--[\w.-]+)`?(?: [^.;]*)?) instead", text)
-    return match.group(1).strip("`") if match and match.group(2) != flag else None
-
-
 def detect(source: Path, flags: list[dict[str, Any]], helps: dict[str, str]) -> tuple[list[dict], list[dict]]:
-    """Deprecated and no-op flags from the source: arg_utils.py's deprecation messages and the help texts."""
-    by_opt = {opt: entry for entry in flags for opt in entry["opts"]}
-    texts: list[tuple[str, str]] = []  # (text, where)
-    tree = ast.parse((source / "vllm" / "engine" / "arg_utils.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-            for target in node.targets:
-                if isinstance(target, ast.Name) and target.id.endswith("_DEPRECATION_MESSAGE"):
-                    texts.append((node.value.value, f"vllm/engine/arg_utils.py {target.id}"))
-    for entry in flags:
-        text = helps.get(entry["dest"], "")
-        if entry["opts"] and re.search(r"\bdeprecated\b|has no effect", text, re.IGNORECASE):
-            texts.append((text, f"help of {entry['opts'][0]} (vllm {VERSION})"))
-    deprecated: dict[str, dict] = {}
-    noop: dict[str, dict] = {}
-    for text, where in texts:
-        named = [f for f in _FLAG.findall(text) if f in by_opt]
-        if not named or not re.search(r"\bdeprecated\b|has no effect", text, re.IGNORECASE):
-            continue
-        flag = by_opt[named[0]]["opts"][0]
-        if re.search(r"\bdeprecated\b", text, re.IGNORECASE) and flag not in deprecated:
-            instead = _replacement(text, flag) or "drop it (vLLM says it will be removed)"
-            deprecated[flag] = {"flag": flag, "replacement": instead, "warns": False, "source": f"{where}: {text}"}
-        if _NO_EFFECT.search(text) and flag not in noop:
-            noop[flag] = {"flag": flag, "evidence": text, "source": where}
-    return sorted(deprecated.values(), key=lambda d: d["flag"]), sorted(noop.values(), key=lambda d: d["flag"])
+    """Deprecated and no-op flags from the source (tools/engines/catalog/vllm_scan.py, shared with the live audit)."""
+    from tools.engines.catalog.vllm_scan import detect as scan
+
+    return scan(source, flags, helps, VERSION)
 
 
 # ---------------------------------------------------------------------------------------------- the catalog
@@ -401,7 +360,8 @@ def render(
         ("generated_by", "scripts/gen_vllm_catalog.py --source DIR (the unpacked vllm wheel)"),
     ]
     sections = [("flags", flags), ("removed", notes.get("removed", [])), ("deprecated", deprecated),
-                ("deprecated_values", []), ("noop", noop), ("invalid_combinations", [])]  # fmt: skip
+                ("deprecated_values", []), ("noop", noop),
+                ("invalid_combinations", notes.get("invalid_combinations", []))]  # fmt: skip
     out = ["{"]
     for key, value in header:
         out.append(f"  {json.dumps(key)}: {json.dumps(value, ensure_ascii=False)},")

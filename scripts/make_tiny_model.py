@@ -1,12 +1,14 @@
-"""Create a small randomly initialized Llama model with a word-level tokenizer, offline, for a real-GPU smoke run.
+"""Create a small randomly initialized Llama model with a word-level tokenizer, offline, for a smoke run on a real engine.
 
-    python scripts/make_tiny_model.py DIR [--layers 8] [--hidden 1024]
+    python scripts/make_tiny_model.py DIR [--layers 8] [--hidden 1024] [--heads H] [--kv-heads K]
+                                          [--intermediate N] [--vocab 32000] [--max-position 4096]
 
-Nothing is downloaded: the tokenizer is built here (a whitespace word-level vocabulary of 32,000 entries, so
-the random token ids pivot's load generator sends by default stay inside it, with a small chat template),
-and the weights are random. The EOS row of the output layer is zeroed, so greedy decoding does not stop early
-(strict OpenAI servers such as `transformers serve` refuse `ignore_eos`). Needs torch, transformers and
-tokenizers (all on the H200 machines' image); `transformers serve --continuous-batching DIR` then serves it.
+Nothing is downloaded: the tokenizer is built here (a whitespace word-level vocabulary of --vocab entries, 32,000
+by default, with a small chat template), and the weights are random. The EOS row of the output layer is zeroed, so
+greedy decoding does not stop early (strict OpenAI servers such as `transformers serve` refuse `ignore_eos`). Needs
+torch, transformers and tokenizers (all on the H200 machines' image, and in the vLLM CPU venv that
+scripts/vllm_cpu_env.py builds); `transformers serve --continuous-batching DIR` or vLLM then serves it. Unset shape
+options follow --hidden: heads of 64, a KV head per 256 of hidden, an MLP 2.75 times as wide.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ _WORDS = (
 WORDS = _WORDS.split()
 
 
-def build_tokenizer(out: Path):
+def build_tokenizer(out: Path, vocab_size: int = VOCAB):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -41,7 +43,9 @@ def build_tokenizer(out: Path):
     for token in [*SPECIALS, *WORDS]:
         vocab.setdefault(token, len(vocab))
     i = 0
-    while len(vocab) < VOCAB:
+    if vocab_size < len(vocab):
+        raise SystemExit(f"--vocab {vocab_size}: the tokenizer needs at least {len(vocab)} entries")
+    while len(vocab) < vocab_size:
         vocab.setdefault(f"w{i}", len(vocab))
         i += 1
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
@@ -55,18 +59,25 @@ def build_tokenizer(out: Path):
     return fast
 
 
-def build_model(out: Path, layers: int, hidden: int, eos_id: int) -> int:
+def build_model(out: Path, args: argparse.Namespace, eos_id: int) -> int:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    hidden = args.hidden
+    heads = args.heads or max(hidden // 64, 1)
+    if hidden % heads:
+        raise SystemExit(f"--hidden {hidden} is not a multiple of --heads {heads}")
+    kv_heads = args.kv_heads or max(hidden // 256, 1)
+    if heads % kv_heads:
+        raise SystemExit(f"--heads {heads} is not a multiple of --kv-heads {kv_heads}")
     config = LlamaConfig(
-        vocab_size=VOCAB,
+        vocab_size=args.vocab,
         hidden_size=hidden,
-        intermediate_size=int(hidden * 2.75) // 64 * 64,
-        num_hidden_layers=layers,
-        num_attention_heads=hidden // 64,
-        num_key_value_heads=max(hidden // 256, 1),
-        max_position_embeddings=4096,
+        intermediate_size=args.intermediate or int(hidden * 2.75) // 64 * 64,
+        num_hidden_layers=args.layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=args.max_position,
         bos_token_id=1,
         eos_token_id=eos_id,
         pad_token_id=0,
@@ -85,15 +96,20 @@ def main() -> None:
     parser.add_argument("dir", type=Path)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--heads", type=int, help="attention heads (default hidden / 64)")
+    parser.add_argument("--kv-heads", type=int, help="KV heads (default hidden / 256, at least 1)")
+    parser.add_argument("--intermediate", type=int, help="MLP width (default 2.75 x hidden, a multiple of 64)")
+    parser.add_argument("--vocab", type=int, default=VOCAB, help=f"vocabulary size (default {VOCAB})")
+    parser.add_argument("--max-position", type=int, default=4096, help="max_position_embeddings (default 4096)")
     parser.add_argument("--tokenizer-only", action="store_true")
     args = parser.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(args.dir)
+    tokenizer = build_tokenizer(args.dir, args.vocab)
     text = tokenizer.apply_chat_template([{"role": "user", "content": "the time of day"}], tokenize=False,
                                          add_generation_prompt=True)  # fmt: skip
     print(f"tokenizer: {len(tokenizer)} ids; chat prompt {text!r} -> {tokenizer(text)['input_ids']}")
     if not args.tokenizer_only:
-        params = build_model(args.dir, args.layers, args.hidden, tokenizer.eos_token_id)
+        params = build_model(args.dir, args, tokenizer.eos_token_id)
         print(f"model: {params / 1e6:.0f}M parameters, bf16, random, in {args.dir}")
 
 

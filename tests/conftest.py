@@ -61,11 +61,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(autouse=True)
-def pivot_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fresh PIVOT_HOME for every test."""
+def pivot_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Path:
+    """A fresh PIVOT_HOME for every test; outside the real-engine stage, a cache of its own and no vLLM of the
+    shell's (a test judges flags against the shipped catalogs, not whatever $PIVOT_VLLM_PYTHON has)."""
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("PIVOT_HOME", str(home))
+    if request.node.get_closest_marker("real_engine") is None:
+        monkeypatch.setenv("PIVOT_CACHE_DIR", str(tmp_path / "cache"))
+        monkeypatch.delenv("PIVOT_VLLM_PYTHON", raising=False)
     return home
 
 

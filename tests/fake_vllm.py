@@ -12,7 +12,9 @@ every `--fake-tpot-ms` milliseconds (default 2); `--max-num-seqs` requests run a
 
 Faults, so the failure rules can be tested against vLLM's own words:
 - `--gpu-memory-utilization` below 0.1 ends start-up with vLLM's "No available memory for the cache blocks" error;
-- `FAKE_VLLM_CRASH_AFTER=N` ends the process with a CUDA illegal-memory-access error after N requests.
+- `FAKE_VLLM_CRASH_AFTER=N` ends the process with a CUDA illegal-memory-access error after N requests;
+- a prompt id at or beyond the model's vocabulary (its directory's config.json vocab_size, else
+  `FAKE_VLLM_VOCAB`) is refused with HTTP 400 as vLLM refuses it ("Token id N is out of vocabulary").
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ def log(where: str, text: str) -> None:
 class State:
     def __init__(self, model: str, max_num_seqs: int, tpot_s: float, crash_after: int | None) -> None:
         self.model, self.max_num_seqs, self.tpot_s, self.crash_after = model, max_num_seqs, tpot_s, crash_after
+        config = Path(model) / "config.json"
+        vocab = json.loads(config.read_text()).get("vocab_size") if config.is_file() else None
+        self.vocab = int(vocab or os.environ.get("FAKE_VLLM_VOCAB") or 0) or None
         self.running = 0
         self.waiting = 0
         self.served = 0
@@ -75,6 +80,16 @@ async def generate(writer: asyncio.StreamWriter, state: State, body: dict, chat:
     max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
     prompt = body.get("prompt") if not chat else body.get("messages")
     prompt_tokens = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
+    beyond = (
+        [t for t in prompt if isinstance(t, int) and t >= state.vocab]
+        if state.vocab and isinstance(prompt, list)
+        else []
+    )
+    if beyond:  # vLLM's input processor: HTTP 400, an OpenAI error object
+        error = {"message": f"Token id {beyond[0]} is out of vocabulary", "type": "BadRequestError", "param": None,
+                 "code": 400}  # fmt: skip
+        await respond(writer, 400, json.dumps({"error": error}).encode())
+        return
     stream = bool(body.get("stream"))
     state.waiting += 1
     async with state.slots:

@@ -257,7 +257,7 @@ async def test_failures_are_counted_with_their_reasons_and_the_sweep_goes_on():
     first, second = result.levels
     assert first.completed == 2 and first.failed == 6
     assert first.errors == {
-        "HTTP 500": 1,
+        "HTTP 500: injected failure": 1,  # the server's words, from its short error body
         "timeout after 0.5 s": 1,
         "stream cut after 4 chunks": 1,
         "malformed SSE line": 1,

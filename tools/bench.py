@@ -16,9 +16,9 @@ from pydantic_ai import FunctionToolset, ModelRetry, RunContext
 
 from agent import models as m
 from agent.contracts import Deployment
-from agent.errors import PivotError
+from agent.errors import PivotError, RequestsRefused
 from agent.session import LiveServer, Session
-from tools.experiments import raw_run_file
+from tools.experiments import raw_run_file, record_failed
 from tools.method import Judgement, Method
 
 toolset: FunctionToolset[Session] = FunctionToolset(id="bench", max_retries=3)
@@ -115,9 +115,17 @@ def run_benchmark(ctx: RunContext[Session], concurrency: list[int] | None = None
     dep = live.deployment
     output_file = raw_run_file(session, e.id or 0, runs + 1)
     session.emit("progress", f"experiment {e.id}: benchmarking levels {', '.join(map(str, spec.concurrency))}")
-    result = dep.benchmark(
-        spec, lambda line: session.emit("progress", f"experiment {e.id}: {line}"), output_file=output_file
-    )
+    try:
+        result = dep.benchmark(
+            spec, lambda line: session.emit("progress", f"experiment {e.id}: {line}"), output_file=output_file
+        )
+    except RequestsRefused as err:  # up, but it refused every request: the experiment failed, in the server's words
+        session.stop_live()
+        record_failed(session, e, err.failure, f"{err.message} ({err.hint})")
+        failed = store.get_experiment(e.id or 0)
+        return BenchReport(experiment_id=e.id or 0, run=runs + 1, source="measured", levels=[], server_alive=False,
+                           failure=err.failure, errors=[err.detail],
+                           judgement=Method.read(store, session.id).judge(failed))  # fmt: skip
     if result.interrupted or session.live is not live:  # cut short (Ctrl-C, a cancel): a broken run is not a crash
         store.update_experiment(e.model_copy(update={"status": "interrupted"}))
         raise PivotError(

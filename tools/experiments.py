@@ -233,4 +233,5 @@ def record_failed(session: Session, e: m.Experiment, failure: str, message: str)
             update={"status": "failed", "failure": failure, "failure_detail": message[:500], "finished_at": m.utcnow()}
         )
     )
-    session.emit("warning", f"experiment {e.id}: did not start ({failure}): {message[:200]}")
+    what = "the server refused the benchmark" if failure == "request-refused" else "did not start"
+    session.emit("warning", f"experiment {e.id}: {what} ({failure}): {message[:200]}")

@@ -11,12 +11,15 @@ chunk, timestamps as early as asyncio can take them.
 Scope, kept small on purpose: POST with a body, HTTP/1.1 keep-alive (HTTP/1.0 answers are read to
 the close), chunked, Content-Length or close-delimited bodies, http and https, no proxies, no
 redirects, no compression (none is asked for). Failures come back as an Outcome, never raised;
-cancellation aborts the connection and propagates.
+cancellation aborts the connection and propagates. A non-2xx answer with a short Content-Length body is read whole,
+so its error says the server's words ("HTTP 400: Token id 11465 is out of vocabulary"); any other non-2xx answer
+fails at once with its status.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import ssl
 import time
 from collections.abc import Mapping
@@ -26,6 +29,7 @@ from typing import Protocol
 from yarl import URL
 
 _MAX_HEAD_BYTES = 65536
+_MAX_ERROR_BODY = 8192  # an error answer up to this size is read for its message
 _HEAD, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_CRLF, _TRAILERS, _LENGTH, _TO_CLOSE, _DONE = range(8)
 
 
@@ -39,6 +43,34 @@ class Sink(Protocol):
     def feed(self, data: bytes, now: float) -> None:
         """Body bytes (chunk framing removed) that arrived at `now` (time.perf_counter); may raise StreamError."""
         ...
+
+
+class _ErrorBody:
+    """The body of a non-2xx answer, kept for its message."""
+
+    __slots__ = ("data",)
+
+    def __init__(self) -> None:
+        self.data = b""
+
+    def feed(self, data: bytes, now: float) -> None:
+        self.data += data
+
+
+def error_message(body: bytes) -> str:
+    """What an error body says: an OpenAI error's message, FastAPI's detail, else its text (one line, cut)."""
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        obj = None
+    if isinstance(obj, dict | list):  # JSON: its message, or nothing when it has none
+        err = obj.get("error") if isinstance(obj, dict) else None
+        found = err.get("message") if isinstance(err, dict) else err
+        if isinstance(obj, dict):
+            found = found or obj.get("message") or obj.get("detail")
+        text = str(found) if found else ""
+    return " ".join(text.split())[:300]
 
 
 @dataclass(slots=True)
@@ -87,7 +119,9 @@ class _Connection(asyncio.Protocol):
         ex = self.exchange
         if ex is None:
             return
-        if self.state in (_TO_CLOSE, _TRAILERS):  # the whole body is here (a close-delimited one ends this way)
+        if isinstance(ex.sink, _ErrorBody):  # an error answer cut short: its status is all there is
+            self._fail(f"HTTP {ex.outcome.status}")
+        elif self.state in (_TO_CLOSE, _TRAILERS):  # the whole body is here (a close-delimited one ends this way)
             self._finish()
         elif self.state == _HEAD and ex.outcome.status == 0:
             self._fail("connection reset" if exc else "server closed the connection without answering")
@@ -152,6 +186,11 @@ class _Connection(asyncio.Protocol):
             self.reusable = (b"keep-alive" in connection) if http10 else (b"close" not in connection)
             if not 200 <= status < 300:
                 self.reusable = False
+                length = headers.get(b"content-length", b"")
+                if length.isdigit() and 0 < int(length) <= _MAX_ERROR_BODY:  # read what the server says
+                    ex.sink = _ErrorBody()
+                    self.left, self.state = int(length), _LENGTH
+                    return buf
                 self._fail(f"HTTP {status}")
                 self.abort()
                 return None
@@ -260,6 +299,12 @@ class _Connection(asyncio.Protocol):
         self.transport.write(request)
 
     def _finish(self, now: float | None = None) -> None:
+        if self.exchange is not None and isinstance(self.exchange.sink, _ErrorBody):
+            said = error_message(self.exchange.sink.data)
+            status = self.exchange.outcome.status
+            self._fail(f"HTTP {status}: {said}" if said else f"HTTP {status}", end_s=now)
+            self.abort()
+            return
         ex, self.exchange = self.exchange, None
         if ex is not None and not ex.future.done():
             ex.outcome.end_s = now if now is not None else time.perf_counter()

@@ -45,6 +45,7 @@ import numpy as np
 from agent.models import BenchLevel, BenchSpec
 
 PERCENTILES = (90, 95, 99)
+MAX_ERROR_KINDS = 10  # distinct failure reasons kept per level; the rest are counted together
 DEFAULT_VOCAB_SIZE = 32000  # random-ids stay below this: every common tokenizer has at least this many ids
 
 
@@ -142,7 +143,10 @@ def compute_level(
     `goodput_slos_ms`, SGLang's goodput keys and pivot's token goodput too."""
     done = [r for r in records if r.ok]
     failed = [r for r in records if not r.ok]
-    errors = Counter(r.error or "no tokens received" for r in failed)
+    reasons = Counter(r.error or "no tokens received" for r in failed)
+    errors = Counter(dict(reasons.most_common(MAX_ERROR_KINDS)))  # servers' words can differ per request (token ids)
+    if len(reasons) > MAX_ERROR_KINDS:
+        errors[f"{len(reasons) - MAX_ERROR_KINDS} other reasons"] = sum(reasons.values()) - sum(errors.values())
     if records:
         t0 = min(r.start_s for r in records)
         t1 = max(r.finished_s() for r in records)

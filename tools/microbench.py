@@ -29,7 +29,8 @@ from agent.errors import PivotError
 from agent.session import Session
 from agent.store import Store
 from tools import gemm
-from tools.profiles import HardwareProfile, ModelProfile, load_hardware, model_for, names
+from tools.profiles import HardwareProfile, ModelProfile, load_hardware, names
+from tools.profiles.target import session_profiles
 
 toolset: FunctionToolset[Session] = FunctionToolset(id="microbench", max_retries=2)
 
@@ -56,8 +57,11 @@ class MicrobenchReport(BaseModel):
 
 
 def model_for_target(target: m.Target) -> ModelProfile:
-    """The target's model profile: `model_profile` when the plan names one, else the profile serving that model."""
-    return model_for(target.model_profile, target.model)
+    """The target's model profile: `model_profile` when the plan names one, else the profile serving that model, else
+    one generated from its config.json (tools/profiles/target.py)."""
+    from tools.profiles.target import model_profile_for
+
+    return model_profile_for(target)[0]
 
 
 def target_tp(target: m.Target) -> int:
@@ -92,6 +96,8 @@ def hardware_for_gpu(gpu_name: str) -> str | None:
 
 def fit_note(hw: HardwareProfile) -> str:
     cal = hw.calibration
+    if cal is None:
+        return f"the roofline of {hw.title} (peak throughput at full efficiency: its profile has no GEMM fit)"
     stream = cal.bandwidth_efficiency if cal.gemm_bandwidth_efficiency is None else cal.gemm_bandwidth_efficiency
     width = f" x n/(n + {cal.gemm_bandwidth_n_half:g})" if cal.gemm_bandwidth_n_half > 0 else ""
     return (
@@ -235,7 +241,7 @@ def run_for_session(
     rows = list(rows or gemm.DEFAULT_ROWS)
     dtypes = list(dtypes or gemm.DTYPES)
     plan_cases(model, tps, rows, dtypes)  # bad input fails before anything runs
-    target_hw = load_hardware(target.hardware)
+    target_hw = session_profiles(session.store, session.id).hardware
     base = {"model_profile": model.name, "tp": tps}
     why = unavailable_reason()
     if why is not None:

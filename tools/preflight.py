@@ -1,21 +1,25 @@
-"""Everything that can be known about a plan before any launch (`pivot plan check`): the profiles it names exist,
-its base flags and every item's flags pass SGLang's audit, and its claims pass the plan checks.
+"""Everything that can be known about a plan before any launch (`pivot plan check`): where its profiles come from
+(named, shipped, or generated from the model's config.json and this host), its base flags and every item's flags
+through the engine's audit (SGLang's parser or catalog; vLLM's installed parser, else its nearest shipped catalog),
+and its claims through the plan checks.
 
-Severity follows what a launch would do: a missing model or hardware profile (the twin and the analysis need
-them), a flag SGLang refuses (unknown, removed, ambiguous, invalid) and a physics or direction error of a plan
-item are errors; a flag SGLang accepts but reads nowhere (no-op), a deprecated one, and a plan check's warning
-are warnings.
+Severity follows what a launch would do: a model pivot can find no profile or config.json for, a named profile that
+does not exist, a flag the engine refuses (unknown, removed, ambiguous, invalid) and a physics or direction error of
+a plan item are errors; a flag the engine accepts but reads nowhere (no-op), a deprecated one, and a plan check's
+warning are warnings; where the profiles and the audit's verdicts came from, and what is not available for this
+target (the twin's predictions without calibrated profiles), are info.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from agent import models as m
 from agent.errors import PivotError
-from tools.profiles import load_hardware, model_for, names
+from tools.profiles.target import hardware_profile_for, model_profile_for
 
 Severity = Literal["error", "warning", "info"]
 AUDIT_SEVERITY: dict[str, Severity] = {
@@ -26,6 +30,7 @@ AUDIT_SEVERITY: dict[str, Severity] = {
     "noop": "warning",
 }
 DEFAULT_VERSION = "0.5.23"
+SGLANG_FAMILY = ("sglang", "sim", "sim-http")
 
 
 class PlanProblem(BaseModel):
@@ -38,76 +43,118 @@ class PlanProblem(BaseModel):
     flag: str | None = None
 
 
-def _profiles(target: m.Target) -> tuple[list[PlanProblem], bool]:
+def _profiles(target: m.Target) -> tuple[list[PlanProblem], bool | None]:
+    """The profile lines, and whether the twin could run for the target (None when a profile is missing)."""
     out: list[PlanProblem] = []
+    model = hw = None
+    model_generated = False
     try:
-        model_for(target.model_profile, target.model)
+        model, model_note, model_generated = model_profile_for(target)
+        out.append(PlanProblem(severity="info", where="target.model_profile", check="profile", message=model_note))
     except PivotError as e:
-        msg = e.message
-        if not target.model_profile:
-            known = ", ".join(names("models")) or "none"
-            msg = f"no model profile serves {target.model!r}: set target.model_profile to one that exists ({known})"
+        msg = e.message if target.model_profile else e.message + (f" ({e.hint})" if e.hint else "")
         out.append(PlanProblem(severity="error", where="target.model_profile", check="profile", message=msg))
     try:
-        load_hardware(target.hardware)
+        hw, hw_note, _ = hardware_profile_for(target)
+        out.append(PlanProblem(severity="info", where="target.hardware", check="profile", message=hw_note))
+        if hw.unknown():
+            out.append(PlanProblem(severity="info", where="target.hardware", check="profile",
+                                   message=f"not known of {hw.title}: {', '.join(hw.unknown())}"))  # fmt: skip
     except PivotError as e:
         out.append(PlanProblem(severity="error", where="target.hardware", check="profile", message=e.message))
-    return out, not out
+    if model is None or hw is None:
+        return out, None
+    return out, not model_generated and hw.calibrated
 
 
-def _audit(plan: m.Plan) -> list[PlanProblem]:
+def _sglang_audit(plan: m.Plan) -> tuple[str, list[tuple[str, list[m.FlagIssue], set[str] | None]]] | PlanProblem:
+    """SGLang's shipped catalog of the plan's version: (its title, rows per place), or the problem naming why not."""
     from tools.engines.catalog import audit, load_catalog
 
-    target = plan.target
-    if target.engine not in ("sglang", "sim", "sim-http"):
-        return [
-            PlanProblem(
-                severity="info",
-                where="target.engine",
-                check="audit",
-                message=f"flags not audited: pivot has no flag catalog for {target.engine}",
-            )
-        ]
-    version = target.engine_version or DEFAULT_VERSION
+    version = plan.target.engine_version or DEFAULT_VERSION
     try:
         catalog = load_catalog("sglang", version)
     except PivotError as e:
-        return [
-            PlanProblem(
-                severity="error",
-                where="target.engine_version",
-                check="audit",
-                message=f"{e.message}" + (f" ({e.hint})" if e.hint else ""),
-            )
-        ]
-    out: list[PlanProblem] = []
-    base = target.base_config()
+        return PlanProblem(severity="error", where="target.engine_version", check="audit",
+                           message=f"{e.message}" + (f" ({e.hint})" if e.hint else ""))  # fmt: skip
+    base = plan.target.base_config()
+    rows = [("target.flags", audit(catalog, base), None)]
+    for item in plan.items:
+        if item.flags is not None:
+            rows.append((f"item {item.id}", audit(catalog, item.apply(base)), set(item.flags.names())))
+    return catalog.title, rows
 
-    def add(where: str, issues: list[m.FlagIssue], only: set[str] | None = None) -> None:
+
+def _engine_audit(
+    plan: m.Plan, options: Mapping[str, Any]
+) -> tuple[list[PlanProblem], str, list[tuple[str, list[m.FlagIssue], set[str] | None]]]:
+    """The plan's engine's own audit (vLLM: its installed parser when its interpreter can dump it): the info lines
+    that say which parser judged, its title, and the rows per place."""
+    from agent.contracts import load_engine
+
+    target = plan.target
+    info: list[PlanProblem] = []
+    try:
+        engine = load_engine(target.engine, **options)
+    except PivotError as e:
+        info.append(PlanProblem(severity="info", where="target.engine", check="audit",
+                                message=f"flags not audited: {e.message}"))  # fmt: skip
+        return info, "", []
+    base = target.base_config()
+    first = engine.audit(base)
+    title = f"{engine.name} {first.version}"
+    if target.engine_version and first.version != target.engine_version:
+        info.append(PlanProblem(severity="warning", where="target.engine_version", check="audit",
+                                message=f"the plan says {target.engine} {target.engine_version}; the flags were "
+                                f"judged as {first.version} ({first.parser})"))  # fmt: skip
+    info.append(PlanProblem(severity="info", where="target.flags", check="audit",
+                            message=f"flags audited by {first.parser}"))  # fmt: skip
+    for note in first.notes:
+        info.append(PlanProblem(severity="info", where="target.flags", check="audit", message=note))
+    rows = [("target.flags", first.rows, None)]
+    for item in plan.items:
+        if item.flags is not None:
+            rows.append((f"item {item.id}", engine.validate(item.apply(base)), set(item.flags.names())))
+    return info, title, rows
+
+
+def _audit(plan: m.Plan, options: Mapping[str, Any]) -> list[PlanProblem]:
+    if plan.target.engine in SGLANG_FAMILY and not options:
+        found = _sglang_audit(plan)
+        if isinstance(found, PlanProblem):
+            return [found]
+        out: list[PlanProblem] = []
+        title, rows = found
+    else:
+        out, title, rows = _engine_audit(plan, options)
+    for where, issues, only in rows:
         for issue in issues:
             severity = AUDIT_SEVERITY.get(issue.status)
             if severity is None or (only is not None and issue.flag not in only):
                 continue
-            message = f"{issue.flag}: {issue.status} in SGLang {version}" + (
-                f": {issue.message}" if issue.message else ""
-            )
+            message = f"{issue.flag}: {issue.status} in {title}" + (f": {issue.message}" if issue.message else "")
             out.append(PlanProblem(severity=severity, where=where, check="audit", message=message, flag=issue.flag))
-
-    add("target.flags", audit(catalog, base))
-    for item in plan.items:
-        if item.flags is None:
-            continue
-        add(f"item {item.id}", audit(catalog, item.apply(base)), only=set(item.flags.names()))
     return out
 
 
-def preflight(plan: m.Plan) -> list[PlanProblem]:
-    """The profiles, the audit of the base flags and of every item's flags, and the plan checks; errors first."""
+def preflight(plan: m.Plan, engine_options: Mapping[str, Any] | None = None) -> list[PlanProblem]:
+    """The profiles, the audit of the base flags and of every item's flags (by the plan's engine built with
+    `engine_options`), and the plan checks; errors first."""
     from tools.analysis import plan_claims
 
-    problems, profiles_ok = _profiles(plan.target)
-    problems += _audit(plan)
-    if profiles_ok:
+    problems, calibrated = _profiles(plan.target)
+    problems += _audit(plan, engine_options or {})
+    if calibrated is not None:
+        if plan.target.engine not in SGLANG_FAMILY:
+            why = f"pivot has no predictor for {plan.target.engine} (its twin is SGLang's)"
+        elif not calibrated:
+            why = "the twin needs shipped, calibrated profiles"
+        else:
+            why = ""
+        if why:
+            problems.append(PlanProblem(severity="info", where="target", check="profile",
+                                        message=f"predictions are not available for this target ({why}): the "
+                                        "search measures every item instead"))  # fmt: skip
         try:
             claims = plan_claims(plan)
         except PivotError as e:

@@ -132,7 +132,7 @@ def launch_server(
 
 def _launch(session: Session, method: Method, e: m.Experiment) -> LaunchResult:
     from tools.engines.http import launch_in_session
-    from tools.engines.process import FlagsRefused
+    from tools.engines.process import CLASSIFY_LINES, FlagsRefused
 
     store = session.store
     eid = e.id or 0
@@ -181,8 +181,9 @@ def _launch(session: Session, method: Method, e: m.Experiment) -> LaunchResult:
     except PivotError as err:
         failure = err.failure if isinstance(err, LaunchFailed) else deployment.failure or "unknown"
         tail = deployment.log_tail(15)
+        why = telling_line(engine, deployment.log_tail(CLASSIFY_LINES))  # the classifier's line may be far up
         deployment.stop()
-        record_failed(session, e, failure, telling_line(engine, tail) or err.message)
+        record_failed(session, e, failure, why or err.message)
         return LaunchResult(status="failed", failure=failure, message=err.message, log_tail=tail, **common)
     session.live = LiveServer(deployment=deployment, experiment_id=eid, config=e.config, runs_at_start=runs)
     session.emit("info", f"experiment {eid}: server ready at {deployment.base_url}")

@@ -32,21 +32,30 @@ _STATUS_STYLE = {"ok": "green", "noop": "yellow", "deprecated": "yellow"}
     type=click.Path(file_okay=False, exists=True),
     help="The engine's package source (for SGLang the directory holding sglang/): scan it for flags no code reads.",
 )
+@click.option("-o", "--engine-option", "option_pairs", multiple=True, metavar="KEY=VALUE",
+              help="An engine option, e.g. -o python=/opt/vllm/bin/python (whose vLLM parser judges). Repeatable.")  # fmt: skip
 @click.argument("flags", nargs=-1, type=click.UNPROCESSED)
 def audit_flags_cmd(
-    as_json: bool, engine_name: str, engine_version: str | None, source: str | None, flags: tuple[str, ...]
+    as_json: bool,
+    engine_name: str,
+    engine_version: str | None,
+    source: str | None,
+    option_pairs: tuple[str, ...],
+    flags: tuple[str, ...],
 ) -> None:
     """Audit server FLAGS (after --): ok, unknown, ambiguous, deprecated, invalid or noop, and what to do.
 
     Needs no model and no GPU. SGLang: its own parser when the installed SGLang is the version audited, else the
-    catalog shipped with pivot; vLLM: the shipped catalog generated from its parser. Exits 1 when a flag would
-    stop the server from starting (unknown, ambiguous, invalid).
+    catalog shipped with pivot; vLLM: the installed vLLM's own parser (-o python=..., else $PIVOT_VLLM_PYTHON, else
+    this Python), else the shipped catalog of the nearest version. Exits 1 when a flag would stop the server from
+    starting (unknown, ambiguous, invalid).
     """
+    from agent.cli.engines import _engine_options
     from agent.contracts import load_engine
 
     if not flags:
         raise PivotError("no flags to audit", hint="pivot audit-flags -- --tp-size 8 --enable-mscclpp")
-    engine = load_engine(engine_name)
+    engine = load_engine(engine_name, **_engine_options(option_pairs, None, None))
     report = engine.audit(
         m.ServerConfig.parse(list(flags)), version=engine_version, source=Path(source) if source else None
     )

@@ -155,7 +155,7 @@ def _measure(model: Any, hardware: str | None, target: m.Target | None, cases: l
 
     why = mb.unavailable_reason()
     if why is not None:
-        hw = load_hardware(hardware or (target.hardware if target else "h200"))
+        hw = load_hardware(hardware or (target.hardware if target and target.hardware else "h200"))
         raise PivotError(
             f"no GPU here: {why}; nothing was measured",
             hint=f"run it on a GPU host (or `python -m tools.gemm --json-out FILE` there, then "

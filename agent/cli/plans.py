@@ -17,18 +17,30 @@ def plan() -> None:
 
 @plan.command("check")
 @click.argument("plan_ref", metavar="FILE")
+@click.option(
+    "-o",
+    "--engine-option",
+    "option_pairs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="An option of the plan's engine, as `pivot run` takes them, e.g. -o python=/opt/vllm/bin/python: the "
+    "interpreter whose vLLM parser audits the flags. Repeatable.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the validated plan as JSON on stdout.")
-def plan_check(plan_ref: str, as_json: bool) -> None:
+def plan_check(plan_ref: str, option_pairs: tuple[str, ...], as_json: bool) -> None:
     """Validate a plan file (or a shipped plan by name), check everything knowable before a launch, summarize it.
 
-    Checked: the model and hardware profiles exist; the base flags and every item's flags pass SGLang's audit
-    (unknown, removed, ambiguous or invalid: error; no-op or deprecated: warning); the plan checks (physics and
-    direction of each item's claims). Exit 1 when there is an error.
+    Checked: where the model and hardware profiles come from (named, shipped, else generated from the model's
+    config.json and this host); the base flags and every item's flags through the engine's audit (SGLang's parser or
+    catalog; vLLM's installed parser, else its nearest shipped catalog: unknown, removed, ambiguous or invalid: error;
+    no-op or deprecated: warning); the plan checks (physics and direction of each item's claims). Exit 1 when there
+    is an error.
     """
+    from agent.cli.engines import _engine_options
     from tools.preflight import preflight
 
     p = load_plan(plan_ref)
-    problems = preflight(p)
+    problems = preflight(p, _engine_options(option_pairs, None, None))
     errors = [x for x in problems if x.severity == "error"]
     warnings = [x for x in problems if x.severity == "warning"]
     if as_json:
@@ -42,7 +54,8 @@ def plan_check(plan_ref: str, as_json: bool) -> None:
     else:
         out.print(f"[green]ok[/] {p.source}", markup=True)
     out.print(f"[bold]{p.name}[/]: {p.title}", markup=True)
-    out.print(f"target {t.model} on {t.gpus}x {t.hardware}, {t.engine} {t.engine_version or ''}".rstrip())
+    where = f"{t.gpus}x {t.hardware}" if t.hardware else "this host's hardware"
+    out.print(f"target {t.model} on {where}, {t.engine} {t.engine_version or ''}".rstrip())
     out.print(f"base flags: {t.flags or '(none)'}")
     w = p.workload
     out.print(

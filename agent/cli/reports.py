@@ -129,6 +129,11 @@ def analyze(ctx: click.Context, session_ref: str, experiment_id: int | None, as_
         return
     title = m.BOTTLENECK_TITLES.get(result.bottleneck or "", "none")
     out.print(f"[bold]experiment #{result.experiment_id}[/]: {title}", markup=True)
+    if result.bottleneck is None:
+        out.print(f"  {result.summary}")
+        for f in result.findings:
+            if f.kind in ("note", "level"):
+                out.print(f"  - {f.text}")
     for f in result.evidence:
         out.print(f"  - {f.text}")
     if result.secondary:

@@ -89,10 +89,25 @@ def _start(
         raise
     session.executor = executor
     err.print(f"session {session.id}: plan {plan.name}, engine {engine}, model {model_name}", highlight=False)
+    _record_profiles(session)
     with session:
         _install_signals()
         outcome = loop.run(session)
     _report(session, outcome, method["as_json"])
+
+
+def _record_profiles(session: Session) -> None:
+    """The target's profiles, generated now when the plan names none and recorded with the session (a model whose
+    config.json is not here yet is tried again when the analysis first needs it: the engine may download it)."""
+    from tools.profiles.target import session_profiles
+
+    try:
+        profiles = session_profiles(session.store, session.id)
+    except PivotError as e:
+        warn(f"{e.message}; the analysis will try again once the model is here")
+        return
+    if profiles.generated:
+        err.print("profiles: " + "; ".join(profiles.notes), highlight=False)
 
 
 def _preflight(engine: str, plan: m.Plan) -> None:

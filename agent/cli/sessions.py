@@ -135,7 +135,7 @@ def _print_head(store: Store, session: m.Session) -> None:
     t = session.target
     out.print(f"[bold]{session.name}[/] ({session.id}) - {session.status}", markup=True)
     out.print(f"plan {session.plan.name}: {session.plan.title}")
-    out.print(f"target {t.model} on {t.gpus}x {t.hardware}, engine {session.engine}, model {session.model}")
+    out.print(f"target {t.model} on {session.hardware_text}, engine {session.engine}, model {session.model}")
     out.print(f"created {_when(session.created_at)}, updated {_when(session.updated_at)}")
     if pid := store.session_lock(session.id):
         out.print(f"in use by pid {pid}")

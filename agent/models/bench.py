@@ -49,6 +49,12 @@ class BenchSpec(_Model):
         description="SGLang's --goodput SLOs in ms (ttft, tpot, e2el): each level then reports request goodput, "
         "SLO attainment (overall and per SLO) and token goodput. They judge the requests, not what is sent.",
     )
+    vocab_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="random-ids prompts draw token ids below this; None: the served model's vocabulary when the "
+        "engine can read it (its config.json and tokenizer, as bench_serving uses the tokenizer's), else 32,000.",
+    )
 
     @field_validator("goodput_slos_ms")
     @classmethod
@@ -74,8 +80,10 @@ class BenchSpec(_Model):
 
     def workload_key(self) -> str:
         """A short fingerprint of what is measured, concurrency levels aside: equal keys compare fairly (the SLOs
-        judge the requests sent and change none of them, so they are left out too)."""
-        fields = self.model_dump(exclude={"concurrency", "goodput_slos_ms"})
+        judge the requests sent and change none of them, so they are left out too; an unset vocabulary too, so keys
+        recorded before it existed still match)."""
+        unset = {"vocab_size"} if self.vocab_size is None else set()
+        fields = self.model_dump(exclude={"concurrency", "goodput_slos_ms"} | unset)
         text = ",".join(f"{k}={fields[k]!r}" for k in sorted(fields))
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 

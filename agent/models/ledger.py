@@ -207,6 +207,11 @@ class SessionSettings(_Model):
     investigator_model: str | None = Field(
         default=None, description="The model of sub-agent investigations (--investigator-model); None: the session's."
     )
+    profiles: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Profiles pivot generated for a target whose plan names none (`model`: from its config.json, "
+        "`hardware`: this host's GPU or CPU), kept so that a resume and every report read the same figures.",
+    )
     search: bool = Field(
         default=True,
         description="The twin-guided search (tools/search.py: predicted candidates, combined steps, retests, no "
@@ -235,6 +240,19 @@ class Session(_Model):
     @property
     def target(self) -> Target:
         return self.plan.target
+
+    @property
+    def hardware_text(self) -> str:
+        """Where the target runs, in words: the named profile's GPUs, else the hardware pivot detected and recorded."""
+        t = self.plan.target
+        if t.hardware:
+            return f"{t.gpus}x {t.hardware}"
+        found = self.settings.profiles.get("hardware") or {}
+        if found.get("kind") == "cpu":
+            return f"this host's CPU ({found.get('title', 'cpu')})"
+        if found:
+            return f"{t.gpus}x {found.get('title', 'GPU')} (detected)"
+        return "this host's hardware"
 
 
 class SessionSummary(_Model):

@@ -45,18 +45,28 @@ class Target(_Model):
     """What is being optimized: a model on some GPUs under one serving engine, with its base flags."""
 
     model: str = Field(description="The model path or hub id the engine serves (`--model-path`).")
-    model_profile: str | None = Field(default=None, description="Name of a model profile, e.g. glm-5-nvfp4.")
-    hardware: str = Field(description="Name of a hardware profile, e.g. rtx-pro-6000-blackwell.")
+    model_profile: str | None = Field(
+        default=None,
+        description="Name of a model profile, e.g. glm-5-nvfp4; unset: the shipped one that serves `model`, else one "
+        "pivot generates from the model's config.json.",
+    )
+    hardware: str | None = Field(
+        default=None,
+        description="Name of a hardware profile, e.g. rtx-pro-6000-blackwell; unset: this host's (NVML's GPU, else "
+        "its CPU), as pivot detects it.",
+    )
     gpus: int = Field(ge=1)
     engine: str = "sglang"
     engine_version: str | None = None
     flags: ServerConfig = Field(default_factory=ServerConfig, description="Base flags every experiment starts from.")
 
     def base_config(self) -> ServerConfig:
-        """The base flags with `--model-path` first unless the flags already name the model."""
+        """The base flags with the model first (`--model-path`; vLLM's `--model`, the flag its Engine.model_flags
+        names) unless the flags already name the model."""
         if any(n in self.flags for n in ("--model-path", "--model")):
             return self.flags
-        return ServerConfig(flags=(Flag(name="--model-path", value=self.model), *self.flags.flags), env=self.flags.env)
+        flag = "--model" if self.engine == "vllm" else "--model-path"
+        return ServerConfig(flags=(Flag(name=flag, value=self.model), *self.flags.flags), env=self.flags.env)
 
 
 class PlanItem(_Model):

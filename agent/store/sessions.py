@@ -90,7 +90,7 @@ class SessionsMixin(StoreCore):
                     id=session.id,
                     name=session.name,
                     plan=session.plan.name,
-                    target=f"{t.model} on {t.gpus}x {t.hardware}",
+                    target=f"{t.model} on {session.hardware_text}",
                     engine=session.engine,
                     status=session.status,
                     experiments=row["n_experiments"],

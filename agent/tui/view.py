@@ -191,7 +191,7 @@ def board(store: Any, session_id: str) -> Board:
     status_docs = [d for d in ledger.documents if d.kind == "status"]
     latest = max(status_docs, key=lambda d: d.number or 0).path if status_docs else None
     t = record.plan.target
-    title = f"{record.name} ({record.id}): {t.model} on {t.gpus}x {t.hardware}, engine {record.engine}"
+    title = f"{record.name} ({record.id}): {t.model} on {record.hardware_text}, engine {record.engine}"
     return Board(
         session_id=record.id,
         title=title,

@@ -10,17 +10,24 @@ from tools.analysis.common import (
     STOPPED_EXPONENT,
     SessionLike,
     _finding,
-    _model_profile,
     _n,
     flag_value,
     layout,
     session_engine,
 )
-from tools.analysis.ledger import _levels, _recorded_profile, _server_info, _telemetry_by_level, best_experiment
+from tools.analysis.ledger import (
+    _kv_usage,
+    _levels,
+    _recorded_profile,
+    _server_info,
+    _telemetry_by_level,
+    best_experiment,
+)
 from tools.analysis.levels import _level_finding, _level_roofline, _notes, _profile_finding, _scaling_finding
+from tools.analysis.physics import contradictions, measured_level, no_roofline_note, no_verdict
 from tools.analysis.results import Analysis, LevelRoofline
 from tools.analysis.roofline import Roofline
-from tools.profiles import load_hardware
+from tools.profiles.target import session_profiles
 
 
 def analyze(
@@ -33,14 +40,24 @@ def analyze(
 
     The experiment's previous findings are replaced. `profile` (from tools/profile.py) gives the measured
     split of GPU time; without it, a profile recorded by an earlier analysis of the same experiment is reused.
+    The profiles are the session's (named in the plan, else generated and recorded with it). Without a roofline
+    (a CPU, a GPU whose peaks are not known) the findings are the measurements alone; when a level contradicts the
+    profiles (tools/analysis/physics.py), they say so and name no bottleneck.
     """
     store, session_id = session.store, session.id
     record = store.get_session(session_id)
     experiment_id, experiment = _experiment(store, session_id, experiment_id)
     target = record.plan.target
-    model = _model_profile(target)
-    hw = load_hardware(target.hardware)
     levels, source = _levels(store, experiment_id)
+    try:
+        profiles = session_profiles(store, session_id)
+    except PivotError as e:  # no profile and no config.json here: the measurements alone, saying why
+        analysis = Analysis(session_id=session_id, experiment_id=experiment_id, model_profile="unknown",
+                            hardware=target.hardware or "unknown", gpus=target.gpus, tp=1, pp=1, ep=1, dense=True,
+                            source=source)  # fmt: skip
+        note = _finding("note", f"No roofline: {e.message}; the levels are measurements only.", {}, severity="info")
+        return _measured_only(session, analysis, levels, _telemetry_by_level(store, experiment_id), [note])
+    model, hw = profiles.model, profiles.hardware
     lay = layout(experiment.config, _server_info(levels), engine=session_engine(record))
     kv_dtype = flag_value(experiment.config, "--kv-cache-dtype")
     bench = [r for r in store.microbench_results() if r.device in (hw.name, hw.title)]
@@ -50,7 +67,6 @@ def analyze(
         profile, profiled_on = _recorded_profile(store, session_id, experiment_id)
     else:
         profiled_on = experiment_id
-
     analysis = Analysis(
         session_id=session_id,
         experiment_id=experiment_id,
@@ -63,12 +79,18 @@ def analyze(
         dense=not roof.moe,
         source=source,
     )
+    if not hw.has_roofline:
+        return _measured_only(session, analysis, levels, telemetry, [no_roofline_note(hw, model)])
     rows: list[LevelRoofline] = []
     for level in levels:
         if level.completed <= 0:
             continue
         rows.append(_level_roofline(level, telemetry.get(level.max_concurrency or 0), roof, hw, rows))
     analysis.levels = rows
+    wrong = contradictions(rows, roof, model, hw, max(target.gpus, lay["tp"] * lay["pp"]))
+    if wrong:
+        analysis.levels = []
+        return _measured_only(session, analysis, levels, telemetry, wrong)
     findings: list[m.Finding] = []
     findings += _notes(roof, model, lay)
     findings += [_level_finding(r, roof) for r in rows]
@@ -102,6 +124,40 @@ def analyze(
     saved = {id(f): s for f, s in zip(findings, analysis.findings, strict=True)}
     analysis.evidence = [saved[id(f)] for f in evidence]
     analysis.secondary = [saved[id(f)] for f in secondary]
+    return analysis
+
+
+def _measured_only(
+    session: SessionLike,
+    analysis: Analysis,
+    levels: list[m.BenchLevel],
+    telemetry: dict[int, m.Telemetry],
+    notes: list[m.Finding],
+) -> Analysis:
+    """The analysis when the profiles cannot be read against the measurements (no roofline, or contradicted): the
+    notes that say why, each level as measured, the scaling, and a verdict line that names no bottleneck."""
+    store = session.store
+    done = [lv for lv in levels if lv.completed > 0]
+    findings = list(notes)
+    findings += [measured_level(lv, telemetry.get(lv.max_concurrency or 0), _kv_usage(lv, telemetry.get(
+        lv.max_concurrency or 0))) for lv in done]  # fmt: skip
+    if done:
+        ref = max(done, key=lambda lv: (lv.output_throughput, -(lv.max_concurrency or 0)))
+        analysis.reference_concurrency = ref.max_concurrency
+        why = (
+            "the profiles do not describe what was served"
+            if notes[0].severity == "warning"
+            else "there is no roofline for this hardware (what is not known is listed below)"
+        )
+        text = (
+            f"No bottleneck is named for experiment {analysis.experiment_id}: {why}. Best measured: "
+            f"{_n(ref.output_throughput)} output tok/s at concurrency {ref.max_concurrency}."
+        )
+    else:
+        text = f"No bottleneck is named for experiment {analysis.experiment_id}: no level completed a request."
+    findings.append(no_verdict(text))
+    analysis.summary = text
+    analysis.findings = store.replace_findings(session.id, analysis.experiment_id, findings)
     return analysis
 
 

@@ -55,7 +55,7 @@ def _levels(store: Store, experiment_id: int) -> tuple[list[m.BenchLevel], str]:
 def _telemetry_by_level(store: Store, experiment_id: int) -> dict[int, m.Telemetry]:
     out = {}
     for t in store.telemetry(experiment_id):
-        if t.max_concurrency is not None and t.gpus:
+        if t.max_concurrency is not None and (t.gpus or t.server_metrics):  # a CPU server has gauges, no GPUs
             out[t.max_concurrency] = t
     return out
 

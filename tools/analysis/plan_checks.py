@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 from agent import models as m
 from agent.contracts import Engine
+from agent.errors import PivotError
 from tools.analysis.common import (
     KV_FULL,
     SessionLike,
     _finding,
-    _model_profile,
     _n,
     _plan_engine,
     flag_value,
@@ -20,7 +20,8 @@ from tools.analysis.common import (
     session_engine,
 )
 from tools.analysis.roofline import Roofline
-from tools.profiles import HardwareProfile, ModelProfile, load_hardware
+from tools.profiles import HardwareProfile, ModelProfile
+from tools.profiles.target import TargetProfiles, session_profiles, target_profiles
 
 _MORE_KV = re.compile(r"more kv|kv headroom|allow more kv|bigger kv|larger kv|kv cache capacity", re.IGNORECASE)
 _ROWS = re.compile(r"(\d[\d,]*)\s+rows", re.IGNORECASE)
@@ -43,7 +44,11 @@ def check_plan(session: SessionLike) -> list[m.Finding]:
         for f in store.findings(session_id, kind="level")
         if f.experiment_id is not None and "kv_usage_pct" in f.values
     ]
-    out = plan_claims(plan, store.experiments(session_id), kv_levels, engine=session_engine(record))
+    try:
+        profiles = session_profiles(store, session_id)
+    except PivotError:  # no profile and no config.json here yet: nothing to check the claims against
+        return store.replace_findings(session_id, None, [])
+    out = plan_claims(plan, store.experiments(session_id), kv_levels, engine=session_engine(record), profiles=profiles)
     return store.replace_findings(session_id, None, out)
 
 
@@ -78,13 +83,15 @@ def plan_claims(
     kv_levels: Sequence[m.Finding] = (),
     *,
     engine: Engine | None = None,
+    profiles: TargetProfiles | None = None,
 ) -> list[m.Finding]:
     """The plan checks of `check_plan`, on a plan alone (`pivot plan check`) or with a session's experiments (their
     audits) and the KV usage its analyses measured; nothing is recorded. `engine` says how the flags split the
-    model (default: the plan's engine, when its plugin loads here)."""
+    model (default: the plan's engine, when its plugin loads here); `profiles` the target's (default: named, else
+    generated now)."""
     target = plan.target
-    model = _model_profile(target)
-    hw = load_hardware(target.hardware)
+    profiles = profiles or target_profiles(target)
+    model, hw = profiles.model, profiles.hardware
     base = target.base_config()
     if engine is None:
         engine = _plan_engine(target)
@@ -111,7 +118,9 @@ def mem_fraction_static(ctx: PlanContext, it: ItemView) -> list[m.Finding]:
     if new is None:
         return []
     old_text = flag_value(ctx.base, "--mem-fraction-static")
-    old = float(old_text) if old_text else hw.auto_mem_fraction_static
+    if not old_text and hw.auto_mem_fraction_static is None:
+        return []  # SGLang's automatic fraction on this hardware is not known: nothing to compare with
+    old = float(old_text) if old_text else float(hw.auto_mem_fraction_static or 0)
     weights, old_pool = roof.kv_pool_tokens(old)
     _, new_pool = roof.kv_pool_tokens(float(new))
     where = "set in the base flags" if old_text else "SGLang's automatic value on this GPU"

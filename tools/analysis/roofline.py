@@ -24,9 +24,10 @@ class Roofline:
     ) -> None:
         self.model, self.hw, self.tp, self.pp, self.ep = model, hw, tp, pp, ep
         self.kv_dtype = kv_dtype or "auto"
-        self.bw = hw.memory_bandwidth_gbs * GB
-        self.link = hw.interconnect.bandwidth_gbs * GB
-        self.lat = hw.interconnect.latency_us * 1e-6
+        # unknown figures (a generated profile) are 0: only what needs no bandwidth (shapes, KV pool) is read then
+        self.bw = (hw.memory_bandwidth_gbs or 0.0) * GB
+        self.link = (hw.interconnect.bandwidth_gbs if hw.interconnect else 0.0) * GB
+        self.lat = (hw.interconnect.latency_us if hw.interconnect else 0.0) * 1e-6
         experts = model.part("experts")
         self.moe = model.kind == "moe" and bool(experts) and model.experts > 0
         self.expert_dtype = experts[0].dtype if experts else "bf16"

@@ -168,6 +168,26 @@ class ServerEngine(CatalogEngine):
         """The command line for `config`, and the host and port the server will listen on."""
         raise NotImplementedError
 
+    def launch_env(self, config: m.ServerConfig) -> dict[str, str]:
+        """Environment the engine itself needs for `config` (below the engine's `env` option and the config's)."""
+        return {}
+
+    def served_model(self, config: m.ServerConfig) -> str | None:
+        """The model `config` serves, as its flags name it (SGLang's --model-path, vLLM's --model or model tag)."""
+        values = self.values(config)
+        for dest in ("model_path", "model", "model_tag"):
+            if isinstance(values.get(dest), str) and values[dest]:
+                return str(values[dest])
+        return None
+
+    def vocab_size(self, config: m.ServerConfig) -> int | None:
+        """The served model's vocabulary, from its files when they are on this host (None otherwise): what the
+        benchmark's random token ids stay below unless the workload says."""
+        from tools.profiles.generated import model_vocab_size
+
+        model = self.served_model(config)
+        return model_vocab_size(model) if model and not self.prefix else None
+
     def start(
         self,
         config: m.ServerConfig,
@@ -190,7 +210,7 @@ class ServerEngine(CatalogEngine):
             engine=self.name,
             health_url=base_url + self.health_path,
             host=host,
-            env={**self.env, **config.env},
+            env={**self.launch_env(config), **self.env, **config.env},
             cwd=self.cwd,
             ready_line=self.ready_line,
             stop_grace_s=self.stop_grace_s,
@@ -201,5 +221,6 @@ class ServerEngine(CatalogEngine):
             audit=issues,
             power_limit_w=config.gpu_power_limit_w,
             gpu_count=self.parallelism(config).gpus,
+            vocab_size=self.vocab_size(config),
             **deployment,
         )

@@ -23,12 +23,15 @@ def _rx(pattern: str) -> re.Pattern[str]:
 
 @dataclass(frozen=True)
 class FailureRule:
-    """A failure class and the log line that shows it; `needs` must also appear in the tail, `unless` must not."""
+    """A failure class and the log line that shows it; `needs` must also appear in the tail, `unless` must not.
+    `detail`: a line after the matched one that says why (pydantic's "Value error, ..." under its count of errors),
+    joined to it in the diagnosis."""
 
     failure: str
     pattern: re.Pattern[str]
     needs: re.Pattern[str] | None = None
     unless: re.Pattern[str] | None = None
+    detail: re.Pattern[str] | None = None
 
 
 # Rules shared by every engine; an engine's own list (its `failure_rules`) puts them in order with its own. The
@@ -104,6 +107,7 @@ def not_installed_rule(module: str, command: str) -> FailureRule:
 UNKNOWN = "unknown"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _LOG_PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:.]+[^\]]*\]\s*")
+_MODULE_PREFIX = re.compile(r"^(?:[A-Za-z_]\w*\.)+(?=\w+(?:Error|Exception)\b)")  # pydantic_core._pydantic_core.
 
 
 def diagnose(lines: str | Sequence[str], rules: Sequence[FailureRule] = COMMON_RULES) -> Diagnosis:
@@ -118,9 +122,14 @@ def diagnose(lines: str | Sequence[str], rules: Sequence[FailureRule] = COMMON_R
             continue
         if rule.unless is not None and rule.unless.search(text):
             continue
-        for line in reversed(clean):
-            if rule.pattern.search(line):
-                return Diagnosis(rule.failure, line.strip())
+        for i in range(len(clean) - 1, -1, -1):
+            if rule.pattern.search(clean[i]):
+                line = clean[i].strip()
+                after = next((x for x in clean[i + 1 : i + 6] if rule.detail and rule.detail.search(x)), None)
+                if after is None:
+                    return Diagnosis(rule.failure, line)
+                line = _MODULE_PREFIX.sub("", _LOG_PREFIX.sub("", line))  # the detail needs the room
+                return Diagnosis(rule.failure, f"{line}: {after.strip()}")
     return Diagnosis(UNKNOWN)
 
 

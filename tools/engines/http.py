@@ -22,6 +22,7 @@ from agent.errors import PivotError
 from agent.session import Paths
 from tools.engines.failures import COMMON_RULES, FailureRule, short_line
 from tools.engines.process import ManagedServer
+from tools.metrics import DEFAULT_VOCAB_SIZE
 from tools.telemetry.summary import energy_fields
 
 if TYPE_CHECKING:
@@ -166,6 +167,7 @@ class HttpDeployment:
         gauges: Mapping[str, str] | None = None,
         auth_env: str | None = None,
         power_limits: PowerLimits | None = None,
+        vocab_size: int | None = None,
     ) -> None:
         self.server, self.engine, self.source, self.backend = server, engine, source, backend
         self.power_limits = power_limits  # GPU power limits set for this server (a power item), restored at stop()
@@ -174,6 +176,7 @@ class HttpDeployment:
         self.audit = list(audit)
         self.auth_env = auth_env  # opt-in: the environment variable whose value goes as the benchmark's Bearer token
         self.level_telemetry: list[m.Telemetry] = []  # per level of the last benchmark(), in order
+        self.vocab_size = vocab_size  # the served model's vocabulary, when the engine could read it
 
     @property
     def base_url(self) -> str:
@@ -259,6 +262,8 @@ class HttpDeployment:
         """
         if self.endpoint is not None and spec.endpoint == "generate":
             spec = spec.model_copy(update={"endpoint": self.endpoint})
+        if spec.vocab_size is None and self.vocab_size is not None and spec.dataset_name == "random-ids":
+            spec = spec.model_copy(update={"vocab_size": self.vocab_size})  # the served model's ids, as recorded
         result = m.BenchResult(
             spec=spec,
             engine=self.engine,
@@ -322,6 +327,7 @@ class HttpDeployment:
                     output_file=output_file,
                     warmup_pause_s=self.warmup_pause_s,
                     headers=self.bench_headers(),
+                    vocab_size=spec.vocab_size or DEFAULT_VOCAB_SIZE,
                 )
             )
             died_at: float | None = None

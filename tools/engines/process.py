@@ -74,8 +74,12 @@ class FlagsRefused(PivotError):
     def __init__(self, engine: str, issues: list[m.FlagIssue]) -> None:
         rows = "; ".join(f"{i.flag} is {i.status}: {i.message}" if i.message else f"{i.flag} is {i.status}"
                          for i in issues)  # fmt: skip
+        # the class a launch would record (tools/experiments.py REFUSAL_CLASS says the same)
+        self.failure = {"unknown": "unrecognized-argument", "ambiguous": "ambiguous-argument"}.get(
+            issues[0].status if issues else "", "argument-validation"
+        )
         super().__init__(
-            f"{engine} would refuse these flags, so the server was not launched: {rows}",
+            f"{engine} would refuse these flags ({self.failure}), so the server was not launched: {rows}",
             hint="fix the flags, or launch with force=True (--force) to let the server refuse them itself",
         )
         self.issues = issues

@@ -24,7 +24,7 @@ from agent.contracts import (
     TaskOutcome,
     load_engine,
 )
-from agent.errors import LaunchFailed, PivotError
+from agent.errors import LaunchFailed, PivotError, RequestsRefused
 
 PORT_RETRIES = 2  # another server took the port between its pick and the launch (servers side by side on a host)
 MAX_ERRORS = 3
@@ -91,7 +91,12 @@ def run_task(
         raw.parent.mkdir(parents=True, exist_ok=True)
         spec = task.workload
         say(f"benchmarking levels {', '.join(map(str, spec.concurrency))}")
-        result = deployment.benchmark(spec, lambda line: say(line), output_file=raw)
+        try:
+            result = deployment.benchmark(spec, lambda line: say(line), output_file=raw)
+        except RequestsRefused as err:  # up, but it refused every request: the experiment failed, in its words
+            say(f"the server refused the benchmark's requests ({err.failure}): {err.detail[:200]}", "warning")
+            return outcome("failed", failure=err.failure, failure_detail=f"{err.message} ({err.hint})"[:500],
+                           log_tail=deployment.log_tail(5))  # fmt: skip
         if result.interrupted:
             return outcome("interrupted", message="the benchmark was cut short before it finished")
         if not result.levels:
@@ -136,7 +141,7 @@ def _start(
     outcome: Callable[..., TaskOutcome],
 ) -> tuple[Deployment | None, TaskOutcome | None]:
     """Launch and wait until ready: (the deployment, None), or (None, the outcome of a server that did not start)."""
-    from tools.engines.process import FlagsRefused
+    from tools.engines.process import CLASSIFY_LINES, FlagsRefused
 
     def failed(status: OutcomeStatus, failure: str, detail: str, tail: list[str] | None = None) -> TaskOutcome:
         say(f"did not start ({failure}): {detail[:200]}", "warning")
@@ -154,8 +159,9 @@ def _start(
     except PivotError as err:
         failure = err.failure if isinstance(err, LaunchFailed) else deployment.failure or "unknown"
         tail = deployment.log_tail(15)
+        why = telling_line(engine, deployment.log_tail(CLASSIFY_LINES))  # the classifier's line may be far up
         deployment.stop()
-        return None, failed("failed", failure, telling_line(engine, tail) or err.message, tail)
+        return None, failed("failed", failure, why or err.message, tail)
     except BaseException:
         deployment.stop()
         raise

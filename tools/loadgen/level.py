@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from agent.errors import PivotError
+from agent.errors import RequestsRefused
 from agent.models import BenchLevel, BenchResult, BenchSpec, utcnow
 from tools.httpstream import HttpStreamClient
 from tools.loadgen.check import _LoopLag, client_check, client_warnings
@@ -28,6 +29,8 @@ from tools.loadgen.workload import (
 )
 from tools.metrics import RequestRecord, compute_level
 
+# how servers word a prompt id beyond their vocabulary (vLLM: "Token id 11465 is out of vocabulary")
+_VOCAB_ERROR = re.compile(r"out of vocabulary|token id[s]? .*(out of range|exceed|invalid)|vocab", re.IGNORECASE)
 PROGRESS_INTERVAL_S = 0.5
 DISPATCH_BATCH = 32  # workers started per event-loop turn at the start of a level
 PREBUILD_BYTES = 256 * 2**20  # request bodies built ahead of a level, at most (about 8 bytes per prompt token)
@@ -311,12 +314,20 @@ class _Sweep:
         if len(errors) < len(outcomes):
             return
         if index == 0:  # nothing has worked yet: most likely a wrong endpoint or a wrong workload
-            raise PivotError(
+            hint = (
+                "check --endpoint (generate is SGLang's native API; completions and chat are the OpenAI ones) "
+                "and that the server accepts this workload"
+            )
+            if _VOCAB_ERROR.search(errors[0]):
+                hint = (
+                    f"the prompts' token ids are drawn below {self.vocab_size:,}, more than the served model knows: "
+                    "set vocab_size in the plan's [workload] (pivot bench: --vocab-size) to the model's vocabulary, "
+                    "or serve it from a directory pivot can read (its config.json and tokenizer.json say it)"
+                )
+            raise RequestsRefused(
                 f"warmup failed: every warmup request to {self.base_url}{ENDPOINT_PATHS[spec.endpoint]} failed "
                 f"({errors[0]})",
-                hint=(
-                    "check --endpoint (generate is SGLang's native API; completions and chat are the OpenAI ones) "
-                    "and that the server accepts this workload"
-                ),
+                hint=hint,
+                detail=errors[0],
             )
         self._warmup_warnings = [f"every warmup request failed ({errors[0]})"]

@@ -416,7 +416,8 @@ class Method:
             )
         if e.status == "failed" and self.run_count(e) == 0:
             detail = f": {e.failure_detail}" if e.failure_detail else ""
-            return Judgement(suggestion="crashed", text=f"did not start ({e.failure or 'failed'}){detail}", **common)
+            what = "the server refused the benchmark's requests" if e.failure == "request-refused" else "did not start"
+            return Judgement(suggestion="crashed", text=f"{what} ({e.failure or 'failed'}){detail}", **common)
         changed, unmodelled = self.unmodelled_change(e)
         common["not_modelled"] = unmodelled
         if changed and len(unmodelled) == len(changed):

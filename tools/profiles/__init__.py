@@ -88,16 +88,20 @@ class Fault(_Profile):
 
 
 class HardwareProfile(_Profile):
-    """One GPU model: memory, bandwidth, peak throughput per dtype, power, interconnect, calibration."""
+    """One GPU model (or this host's CPU): memory, bandwidth, peak throughput per dtype, power, interconnect,
+    calibration. A shipped profile has every figure; one pivot generated (tools/profiles/generated.py: NVML's GPU and
+    a table of datasheet peaks, or the CPU) leaves unknown what it does not know, and has no calibration: the twin
+    needs one, the analysis uses what is there and names what is not."""
 
     name: str
     title: str
-    arch: str
-    sms: int
+    kind: Literal["gpu", "cpu"] = "gpu"
+    arch: str = ""
+    sms: int | None = None
     memory_gib: float = Field(gt=0)
-    memory_bandwidth_gbs: float = Field(gt=0)
-    tdp_w: float = Field(gt=0)
-    idle_w: float = Field(ge=0)
+    memory_bandwidth_gbs: float | None = Field(default=None, gt=0)
+    tdp_w: float | None = Field(default=None, gt=0)
+    idle_w: float | None = Field(default=None, ge=0)
     power_limit_min_w: float | None = Field(
         default=None,
         gt=0,
@@ -105,20 +109,58 @@ class HardwareProfile(_Profile):
         "it and above tdp_w. None: half the TDP.",
     )
     sm_clock_mhz: float | None = Field(default=None, gt=0, description="The SM clock at full speed (boost), in MHz.")
-    smem_per_block_kib: float = Field(gt=0)
-    l2_mib: float = Field(gt=0)
-    auto_mem_fraction_static: float = Field(
-        gt=0, lt=1, description="What SGLang's memory hook picks for --mem-fraction-static on this GPU at TP >= 4."
+    smem_per_block_kib: float | None = Field(default=None, gt=0)
+    l2_mib: float | None = Field(default=None, gt=0)
+    auto_mem_fraction_static: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="What SGLang's memory hook picks for --mem-fraction-static on this GPU at TP >= 4.",
     )
-    dense_tflops: dict[str, float] = Field(description="Dense tensor-core peak per dtype (fp4, fp8, bf16).")
-    interconnect: Interconnect
-    calibration: Calibration
+    dense_tflops: dict[str, float] = Field(
+        default_factory=dict, description="Dense tensor-core peak per dtype (fp4, fp8, bf16); empty: not known."
+    )
+    interconnect: Interconnect | None = None
+    calibration: Calibration | None = None
     faults: list[Fault] = []
+    source: str = Field(default="", description="Where the figures come from when pivot generated the profile.")
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether the twin can run on this hardware (it needs the fitted scalars and every figure they scale)."""
+        return (
+            self.calibration is not None
+            and self.interconnect is not None
+            and self.memory_bandwidth_gbs is not None
+            and "bf16" in self.dense_tflops
+            and self.tdp_w is not None
+            and self.idle_w is not None
+            and self.auto_mem_fraction_static is not None
+        )
+
+    @property
+    def has_roofline(self) -> bool:
+        """Whether a roofline can be drawn: the peak memory bandwidth and a BF16 peak are known."""
+        return self.memory_bandwidth_gbs is not None and "bf16" in self.dense_tflops
+
+    def unknown(self) -> list[str]:
+        """What this profile does not know, in words (for the analysis to name)."""
+        out = []
+        if self.memory_bandwidth_gbs is None:
+            out.append("the peak memory bandwidth")
+        if "bf16" not in self.dense_tflops:
+            out.append("the peak compute throughput")
+        if self.tdp_w is None:
+            out.append("the power limit")
+        if self.calibration is None:
+            out.append("the twin's calibration")
+        return out
 
     @property
     def power_limit_range_w(self) -> tuple[float, float]:
         """(lowest, highest) power limit a GPU of this kind takes."""
-        return (self.power_limit_min_w or self.tdp_w / 2), self.tdp_w
+        tdp = self.tdp_w or 0.0  # the twin, the only reader, needs a calibrated profile (which has a TDP)
+        return (self.power_limit_min_w or tdp / 2), tdp
 
     def peak_tflops(self, dtype: str) -> float:
         """Dense peak for a weight dtype; NVFP4 runs on the FP4 units, and a missing dtype falls back to BF16."""
@@ -191,6 +233,8 @@ class ModelProfile(_Profile):
     dense_gemms: list[DenseGemm] = Field(
         default_factory=list, description="The linear layers of one layer (TP1), for GEMM micro-benchmarks."
     )
+    vocab_size: int | None = Field(default=None, gt=0, description="Token ids the model knows (config.json).")
+    source: str = Field(default="", description="Where the figures come from when pivot generated the profile.")
 
     @model_validator(mode="after")
     def _layers_add_up(self) -> ModelProfile:

@@ -133,7 +133,7 @@ def _intro(ledger: Ledger) -> list[str]:
     t = plan.target
     w = _workload(ledger)
     intro = (
-        f"Session {record.id} ({record.name}), plan {plan.name}: {t.model} on {t.gpus}x {t.hardware}, "
+        f"Session {record.id} ({record.name}), plan {plan.name}: {t.model} on {record.hardware_text}, "
         f"{t.engine} {t.engine_version or ''}".rstrip()
         + f". {len(ledger.experiments)} experiment{'s' if len(ledger.experiments) != 1 else ''}. Workload: {w.dataset_name}, input {w.random_input_len} / output "
         f"{w.random_output_len} tokens (range ratio {w.random_range_ratio:g})."
@@ -361,6 +361,13 @@ def _root_cause(ledger: Ledger, used: set[int]) -> list[str]:
         used.add(eid)
         fs = [f for f in ledger.findings if f.experiment_id == eid]
         verdict = next(f for f in fs if f.kind == "bottleneck")
+        if verdict.category is None:  # no roofline for this hardware, or the profiles contradicted: measurements only
+            out += [f"**No bottleneck named**, from the analysis of experiment #{eid}. {verdict.text}", ""]
+            out += _measured_levels(fs)
+            if claims:
+                out += ["Plan checks (physics and direction):", ""]
+                out += [f"- {f.severity}: {f.text}" for f in claims] + [""]
+            return out
         title = m.BOTTLENECK_TITLES.get(verdict.category or "", verdict.category or "")
         out += [f"**{title[0].upper()}{title[1:]}**, from the analysis of experiment #{eid}. {verdict.text}", ""]
         evidence = [f for f in fs if f.kind == "evidence" and f.category == verdict.category]
@@ -456,6 +463,31 @@ def _investigations(ledger: Ledger) -> list[str]:
             *[f"> {line}" if line.strip() else ">" for line in (inv.report or "(no report)").splitlines()],
             "",
         ]
+    return out
+
+
+def _measured_levels(fs: list[m.Finding]) -> list[str]:
+    """The notes (what is not known, what the profiles contradict) and each level as measured, as a table."""
+    out: list[str] = []
+    notes = [f for f in fs if f.kind in ("note", "scaling")]
+    if notes:
+        out += [f"- {f.text}" for f in notes] + [""]
+    levels = [f for f in fs if f.kind == "level"]
+    if levels:
+        header = ["concurrency", "running requests", "output tok/s", "TTFT ms", "TPOT ms", "KV used %", "W per GPU"]
+        rows = [
+            [
+                int(f.values["max_concurrency"]),
+                _tok(f.values.get("running_decodes")),
+                _tok(f.values.get("output_throughput")),
+                _ms(f.values.get("mean_ttft_ms")),
+                _ms(f.values.get("mean_tpot_ms")),
+                _tok(f.values.get("kv_usage_pct")),
+                _tok(f.values.get("power_w_mean")),
+            ]
+            for f in levels
+        ]
+        out += [_table(header, rows, ["r"] * len(header)), ""]
     return out
 
 

@@ -197,6 +197,7 @@ ACTIONS: dict[str, str | type[argparse.Action]] = {
     "_StoreTrueAction": "store_true",
     "_AppendAction": "append",
     "EnableDisableAction": EnableDisableAction,
+    "BooleanOptionalAction": argparse.BooleanOptionalAction,  # vLLM 0.32's switches (0.33 pairs them with --disable-x)
     "LoRAParserAction": LoRAParserAction,
     "DeprecatedLogConfigFileAction": DeprecatedLogConfigFileAction,
 }

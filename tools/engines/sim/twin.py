@@ -190,6 +190,13 @@ class Twin:
         if not args.get("model_path"):
             args = {**args, "model_path": model.model_path}
         hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
+        if not hw.calibrated:
+            raise PivotError(
+                f"the twin is not available for {hw.title}: it has no calibrated profile (unknown: "
+                f"{', '.join(hw.unknown()) or 'its calibration'})",
+                hint="name a shipped hardware profile (tools/profiles/hardware/) or calibrate one "
+                "(scripts/calibrate_twin.py)",
+            )
         _check_values(args)
         power_limit = _power_limit(config, hw)
         tp, pp = int(args.get("tp_size") or 1), int(args.get("pp_size") or 1)
