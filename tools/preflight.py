@@ -1,9 +1,10 @@
 """Everything that can be known about a plan before any launch (`pivot plan check`): the profiles it names exist,
-its base flags and every item's flags pass SGLang's audit, and its claims pass the plan checks.
+its base flags and every item's flags pass its engine's audit (Engine.audit: SGLang's, vLLM's or a plugin's own
+catalog or parser), and its claims pass the plan checks.
 
 Severity follows what a launch would do: a missing model or hardware profile (the twin and the analysis need
-them), a flag SGLang refuses (unknown, removed, ambiguous, invalid) and a physics or direction error of a plan
-item are errors; a flag SGLang accepts but reads nowhere (no-op), a deprecated one, and a plan check's warning
+them), a flag the engine refuses (unknown, removed, ambiguous, invalid) and a physics or direction error of a plan
+item are errors; a flag the engine accepts but reads nowhere (no-op), a deprecated one, and a plan check's warning
 are warnings.
 """
 
@@ -25,7 +26,6 @@ AUDIT_SEVERITY: dict[str, Severity] = {
     "deprecated": "warning",
     "noop": "warning",
 }
-DEFAULT_VERSION = "0.5.23"
 
 
 class PlanProblem(BaseModel):
@@ -56,48 +56,41 @@ def _profiles(target: m.Target) -> tuple[list[PlanProblem], bool]:
 
 
 def _audit(plan: m.Plan) -> list[PlanProblem]:
-    from tools.engines.catalog import audit, load_catalog
+    """The base flags and every item's flags through the plan's engine's own audit (Engine.audit: its catalog, its
+    parser), judged as the plan's engine version; an engine that cannot be loaded here is an error."""
+    from agent.contracts import load_engine
 
     target = plan.target
-    if target.engine not in ("sglang", "sim", "sim-http"):
-        return [
-            PlanProblem(
-                severity="info",
-                where="target.engine",
-                check="audit",
-                message=f"flags not audited: pivot has no flag catalog for {target.engine}",
-            )
-        ]
-    version = target.engine_version or DEFAULT_VERSION
     try:
-        catalog = load_catalog("sglang", version)
+        engine = load_engine(target.engine)
     except PivotError as e:
-        return [
-            PlanProblem(
-                severity="error",
-                where="target.engine_version",
-                check="audit",
-                message=f"{e.message}" + (f" ({e.hint})" if e.hint else ""),
-            )
-        ]
-    out: list[PlanProblem] = []
-    base = target.base_config()
+        message = e.message + (f" ({e.hint})" if e.hint else "")
+        return [PlanProblem(severity="error", where="target.engine", check="audit", message=message)]
+    base = target.base_config(engine.model_flags)
+    try:
+        report = engine.audit(base, version=target.engine_version)
+    except PivotError as e:
+        message = e.message + (f" ({e.hint})" if e.hint else "")
+        return [PlanProblem(severity="error", where="target.engine_version", check="audit", message=message)]
+    judged = f"{engine.name} {report.version}" if report.version != "unknown" else engine.name
+    out = [
+        PlanProblem(severity="info", where="target.engine", check="audit", message=f"flags audited by {report.parser}")
+    ]
 
     def add(where: str, issues: list[m.FlagIssue], only: set[str] | None = None) -> None:
         for issue in issues:
             severity = AUDIT_SEVERITY.get(issue.status)
             if severity is None or (only is not None and issue.flag not in only):
                 continue
-            message = f"{issue.flag}: {issue.status} in SGLang {version}" + (
-                f": {issue.message}" if issue.message else ""
-            )
+            message = f"{issue.flag}: {issue.status} in {judged}" + (f": {issue.message}" if issue.message else "")
             out.append(PlanProblem(severity=severity, where=where, check="audit", message=message, flag=issue.flag))
 
-    add("target.flags", audit(catalog, base))
+    add("target.flags", report.rows)
     for item in plan.items:
         if item.flags is None:
             continue
-        add(f"item {item.id}", audit(catalog, item.apply(base)), only=set(item.flags.names()))
+        rows = engine.audit(item.apply(base), version=target.engine_version).rows
+        add(f"item {item.id}", rows, only=set(item.flags.names()))
     return out
 
 

@@ -148,13 +148,14 @@ def _launch(
         engine_name = ctx.obj.store.get_session(session_ref).engine
     engine_name = engine_name or DEFAULT_ENGINE
     engine = load_engine(engine_name, **options)
-    blocking = [issue for issue in engine.validate(config) if issue.blocking]
+    issues = engine.validate(config)
+    blocking = [issue for issue in issues if issue.blocking]
     if blocking and not force:  # before a session is created for nothing
         raise FlagsRefused(engine.name, blocking)
     session = _open_session(ctx, session_ref, plan_ref, engine_name)
     session.engine = engine
     try:
-        deployment = launch_in_session(session, config, force=force)
+        deployment = launch_in_session(session, config, force=force, issues=issues)
     except BaseException:
         session.close()
         raise

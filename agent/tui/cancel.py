@@ -238,11 +238,17 @@ class CancellableEngine:
         return self.inner.predictor(target)
 
     def launch(
-        self, config: m.ServerConfig, log_path: Path, *, ledger: LedgerLink | None = None, force: bool = False
+        self,
+        config: m.ServerConfig,
+        log_path: Path,
+        *,
+        ledger: LedgerLink | None = None,
+        force: bool = False,
+        issues: Sequence[m.FlagIssue] | None = None,
     ) -> CancellableDeployment:
         self._canceller.check()
         deployment = CancellableDeployment(
-            self.inner.launch(config, log_path, ledger=ledger, force=force), self._canceller
+            self.inner.launch(config, log_path, ledger=ledger, force=force, issues=issues), self._canceller
         )
         if not self._canceller.track(deployment):
             deployment.stop()

@@ -16,18 +16,17 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping
 from typing import ClassVar, Literal
 
+from pydantic import Field
+
 from agent import models as m
-from agent.contracts import LedgerLink, Parallelism
-from agent.errors import PivotError
+from agent.contracts import EngineOptions, Parallelism
 from tools.engines.base import ServerEngine, argv_option
 from tools.engines.catalog import FlagSpec
 from tools.engines.failures import ARGPARSE_RULES, PORT_RULE, RUNTIME_RULES, FailureRule, not_installed_rule
-from tools.engines.http import HttpDeployment
-from tools.engines.process import DEFAULT_READY_TIMEOUT_S, DEFAULT_STOP_GRACE_S, FlagsRefused, free_port
+from tools.engines.process import DEFAULT_READY_TIMEOUT_S, DEFAULT_STOP_GRACE_S, free_port
 
 VERSION = "0.33.0"
 DEFAULT_HOST = "127.0.0.1"  # vLLM binds every interface when --host is not given; pivot binds loopback unless told
@@ -72,6 +71,27 @@ FAILURE_RULES: tuple[FailureRule, ...] = (
 )
 
 
+class VLLMOptions(EngineOptions):
+    """The vllm engine's options (`-o key=value`)."""
+
+    name: str = Field("vllm", description="The engine's name in the ledger and in messages.")
+    version: str = Field(VERSION, description="The vLLM version whose catalog audits the flags.")
+    launcher: Launcher = Field("serve", description="vllm serve, or python -m vllm.entrypoints.openai.api_server.")
+    python: str | None = Field(None, description="The interpreter that has vLLM (api_server).")
+    prefix: str | list[str] | None = Field(None, description="An argv put in front: docker exec NAME, ssh host.")
+    command: str | list[str] | None = Field(None, description="The whole launch command instead of the launcher.")
+    env: dict[str, str] = Field(default_factory=dict, description="Added to the server's environment.")
+    host: str = Field(DEFAULT_HOST, description="Where it listens unless the flags say.")
+    port: int | None = Field(None, ge=1, le=65535, description="Its port unless the flags say (default: a free one).")
+    cwd: str | None = Field(None, description="The server's working directory.")
+    force: bool = Field(False, description="Launch even when the audit finds flags vLLM refuses.")
+    ready_timeout_s: float = Field(DEFAULT_READY_TIMEOUT_S, gt=0, description="Seconds a launch may take to be ready.")
+    stop_grace_s: float = Field(DEFAULT_STOP_GRACE_S, ge=0, description="SIGTERM to SIGKILL.")
+    health_path: str = Field("/health", description="What answers 200 once it serves.")
+    endpoint: Literal["completions", "chat"] = Field("completions", description="The OpenAI endpoint benchmarks use.")
+    model: str | None = Field(None, description="The model name in requests (default: the server's /v1/models).")
+
+
 class VLLMEngine(ServerEngine):
     """vLLM, launched as a process (`vllm serve` or its api_server module), audited and benchmarked over OpenAI's API.
 
@@ -88,44 +108,25 @@ class VLLMEngine(ServerEngine):
         "dp": "data_parallel_size",
     }
 
-    def __init__(
-        self,
-        *,
-        name: str = "vllm",
-        version: str = VERSION,
-        launcher: Launcher = "serve",
-        python: str | None = None,
-        prefix: str | Sequence[str] | None = None,
-        command: str | Sequence[str] | None = None,
-        env: Mapping[str, str] | None = None,
-        host: str = DEFAULT_HOST,
-        port: int | None = None,
-        cwd: str | None = None,
-        force: bool = False,
-        ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
-        stop_grace_s: float = DEFAULT_STOP_GRACE_S,
-        health_path: str = "/health",
-        endpoint: Literal["completions", "chat"] = "completions",
-        model: str | None = None,
-    ) -> None:
-        """Options: `launcher` serve (default: the `vllm` command) or api_server (`python -m
+    Options: ClassVar[type[EngineOptions] | None] = VLLMOptions
+
+    def __init__(self, **options: object) -> None:
+        """Options (VLLMOptions): `launcher` serve (default: the `vllm` command) or api_server (`python -m
         vllm.entrypoints.openai.api_server`, with `python` the interpreter that has vLLM); `prefix` an argv put in
         front (`docker exec NAME`, `ssh host`); `command` the whole launch command instead; `env` added to the
         server's environment; `host`/`port` where it listens unless the flags say (default 127.0.0.1 and a free
         port); `force` launch even when the audit finds flags vLLM refuses; `endpoint` the OpenAI endpoint benchmarks
         use; `model` the name in requests (default: the server's /v1/models)."""
-        if launcher not in ("serve", "api_server"):
-            raise PivotError(f"unknown vLLM launcher {launcher!r}", hint="use serve or api_server")
-        if endpoint not in ("completions", "chat"):
-            raise PivotError(f"endpoint must be completions or chat, not {endpoint!r}")
-        self.name, self.version, self.launcher = name, version, launcher
-        self.prefix = argv_option(prefix)
-        self.python = python or ("python3" if self.prefix else sys.executable)
-        self.command = argv_option(command) or None
-        self.env = dict(env or {})
-        self.host, self.port, self.cwd, self.force = host, port, cwd, force
-        self.ready_timeout_s, self.stop_grace_s, self.health_path = ready_timeout_s, stop_grace_s, health_path
-        self.endpoint, self.model = endpoint, model
+        o = self.setup(options)
+        assert isinstance(o, VLLMOptions)
+        self.name, self.version, self.launcher = o.name, o.version, o.launcher
+        self.prefix = argv_option(o.prefix)
+        self.python = o.python or ("python3" if self.prefix else sys.executable)
+        self.command = argv_option(o.command) or None
+        self.env = dict(o.env)
+        self.host, self.port, self.cwd, self.force = o.host, o.port, o.cwd, o.force
+        self.ready_timeout_s, self.stop_grace_s, self.health_path = o.ready_timeout_s, o.stop_grace_s, o.health_path
+        self.endpoint, self.model = o.endpoint, o.model
 
     def launch_command(self) -> list[str]:
         """What runs before the flags: prefix, then the command (or the launcher)."""
@@ -165,14 +166,5 @@ class VLLMEngine(ServerEngine):
         host, port, extra = self._address(config)
         return [*self.launch_command(), *config.argv(), *extra], host, port
 
-    def launch(
-        self, config: m.ServerConfig, log_path: Path, *, ledger: LedgerLink | None = None, force: bool = False
-    ) -> HttpDeployment:
-        """Audit `config`, then start vLLM logging to `log_path` (recorded in `ledger`); returns before it is ready.
-
-        Raises FlagsRefused when the audit finds flags vLLM would refuse, unless `force` (or the engine's own)."""
-        issues = self.validate(config)
-        blocking = [issue for issue in issues if issue.blocking]
-        if blocking and not (force or self.force):
-            raise FlagsRefused(self.name, blocking)
-        return self.start(config, log_path, ledger, issues, backend="vllm", endpoint=self.endpoint, model=self.model)
+    def deployment_options(self) -> dict[str, object]:
+        return {"backend": "vllm", "endpoint": self.endpoint, "model": self.model}
