@@ -22,8 +22,9 @@ _STATUS_STYLE = {"ok": "green", "noop": "yellow", "deprecated": "yellow"}
 
 @click.command("audit-flags", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--json", "as_json", is_flag=True, help="Print only a JSON array of {flag, status, message} on stdout.")
-@click.option("--engine", "engine_name", type=ENGINE, default="sglang", show_default=True,
-              help="The engine whose flags these are (an installed engine: sglang, vllm, ...).")  # fmt: skip
+@click.option("--engine", "engine_name", type=ENGINE,
+              help="The engine whose flags these are (an installed engine: sglang, vllm, ...). "
+              "Default: $PIVOT_AUDIT_ENGINE, else sglang.")  # fmt: skip
 @click.option("--engine-version", help="Version to judge by (default: the installed engine's, else the shipped one).")
 @click.option(
     "--source",
@@ -34,7 +35,7 @@ _STATUS_STYLE = {"ok": "green", "noop": "yellow", "deprecated": "yellow"}
 )
 @click.argument("flags", nargs=-1, type=click.UNPROCESSED)
 def audit_flags_cmd(
-    as_json: bool, engine_name: str, engine_version: str | None, source: str | None, flags: tuple[str, ...]
+    as_json: bool, engine_name: str | None, engine_version: str | None, source: str | None, flags: tuple[str, ...]
 ) -> None:
     """Audit server FLAGS (after --): ok, unknown, ambiguous, deprecated, invalid or noop, and what to do.
 
@@ -46,7 +47,9 @@ def audit_flags_cmd(
 
     if not flags:
         raise PivotError("no flags to audit", hint="pivot audit-flags -- --tp-size 8 --enable-mscclpp")
-    engine = load_engine(engine_name)
+    from agent.settings import settings
+
+    engine = load_engine(engine_name or settings().audit_engine)
     report = engine.audit(
         m.ServerConfig.parse(list(flags)), version=engine_version, source=Path(source) if source else None
     )
