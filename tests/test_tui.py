@@ -160,7 +160,9 @@ def test_a_cancelled_step_refuses_engine_calls_and_the_wrappers_keep_the_contrac
     engine = CancellableEngine(Recording(), canceller)
     assert isinstance(engine, Engine) and engine.name == "sim"
     dep = engine.launch(m.ServerConfig.parse("--tp-size 8"), tmp_path / "log", force=True)
-    assert calls == [{"ledger": None, "force": True}]  # keywords pass through as the protocol names them
+    assert calls == [
+        {"ledger": None, "force": True, "issues": None}
+    ]  # keywords pass through as the protocol names them
     assert isinstance(dep, Deployment) and dep.argv is None and dep.log_path == tmp_path / "log"
     spec = m.BenchSpec(concurrency=[1], num_prompts=2, random_input_len=16, random_output_len=8)
     out = tmp_path / "runs.jsonl"
@@ -213,12 +215,14 @@ def test_the_cli_options_and_the_tui_read_one_source_of_defaults(plan_file: Path
 
     plan = load_plan(plan_file)
     run = run_cmd.make_context("run", [str(plan_file)]).params
-    assert run["engine"] == defaults.ENGINE
+    assert run["engine"] is None and defaults.default_engine() == "sim"  # resolved from the settings when it runs
     for option, field in defaults.METHOD_SETTINGS.items():
         assert run[option] == m.SessionSettings.model_fields[field].default, option
-    assert defaults.session_settings(plan.target, run["engine"], {}, run["noise"], run) == run_settings(plan)
+    assert defaults.session_settings(plan.target, defaults.default_engine(), {}, run["noise"], run) == run_settings(
+        plan
+    )
     method = demo.make_context("demo", []).params
-    from_cli = defaults.session_settings(plan.target, defaults.ENGINE, {}, defaults.DEMO_NOISE, method)
+    from_cli = defaults.session_settings(plan.target, defaults.default_engine(), {}, defaults.demo()[1], method)
     assert from_cli == run_settings(plan, demo=True)
     tui = Path(__file__).resolve().parent.parent / "agent" / "tui"
     assert not [f"{path.name}: {name}" for path in tui.rglob("*.py") for name in _cli_imports(path)]

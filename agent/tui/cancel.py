@@ -24,6 +24,7 @@ from agent.contracts import (
     Deployment,
     Diagnosis,
     Engine,
+    EngineOptions,
     FlagAudit,
     LedgerLink,
     LevelCallback,
@@ -211,6 +212,17 @@ class CancellableEngine:
     @property
     def gauges(self) -> Mapping[str, str]:
         return self.inner.gauges
+
+    @property
+    def Options(self) -> type[EngineOptions] | None:  # the protocol's name for the options model
+        return self.inner.Options
+
+    @property
+    def model_flags(self) -> Sequence[str]:
+        return self.inner.model_flags
+
+    def predictor(self, target: m.Target) -> Predictor | None:
+        return self.inner.predictor(target)
 
     def validate(self, config: m.ServerConfig) -> list[m.FlagIssue]:
         return self.inner.validate(config)
