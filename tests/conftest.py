@@ -54,6 +54,14 @@ expected_impact = "+5%"
 """
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--snapshot-update",
+        action="store_true",
+        help="Rewrite the TUI's SVG snapshots (tests/snapshot.py; never in CI).",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # [tool.pytest] is read only by pytest >= 9; if something downgraded pytest, say so instead of
     # running with the settings silently ignored.
