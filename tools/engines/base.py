@@ -200,17 +200,23 @@ class CatalogEngine(BaseEngine):
         )
 
     def refuse_command(self, config: m.ServerConfig) -> None:
-        """The engine's parser refuses the whole command line (SGLang's: no `--model-path`) unless `require_model`
-        is off (the twin, which needs no model)."""
+        """The engine refuses a command line that names no model (the catalog's `model_dest`: SGLang's
+        `--model-path`), unless `require_model` is off (the twin, which needs no model). Read from the flags' names,
+        not a second parse: the audit has judged every flag already."""
         if not self.require_model:
             return
-        try:
-            self.catalog.parse(config.argv(), require_model=True)
-        except CatalogError as e:
+        model_dest = self.catalog.model_dest
+        if not any(
+            isinstance(spec, FlagSpec) and spec.required for spec in self.catalog.flags if spec.dest == model_dest
+        ):
+            return  # the engine's parser does not require one (vLLM: a positional model, optional)
+        named = {spec.dest for flag in config.flags if isinstance(spec := self.catalog.resolve(flag.name), FlagSpec)}
+        if model_dest not in named:
+            flags = ", ".join(self.model_flags) or model_dest
             raise PivotError(
-                f"{self.catalog.title} would refuse this command line: {e.message}",
-                hint=f"give the model: {self.model_flags[0]} PATH" if self.model_flags else e.hint,
-            ) from e
+                f"{self.catalog.title} would refuse this command line: it names no model ({flags})",
+                hint=f"give the model: {self.model_flags[0]} PATH" if self.model_flags else None,
+            )
 
     def values(self, config: m.ServerConfig) -> dict[str, object]:
         """dest -> value as the engine parses `config` (defaults filled in); flags it refuses are left out."""
