@@ -89,7 +89,8 @@ class EngineOptions(BaseModel):
     """The options an engine takes (`-o key=value` on the command line, a session's engine options), as a typed
     model the engine declares (`Options` on its class, subclassing this one): load_engine checks them against it, so
     a misspelled option or a value of the wrong type is one line naming the option, never a traceback at launch.
-    Unknown options are refused. Each field's description is what `pivot tools` shows for it."""
+    Unknown options are refused. `pivot tools` lists each engine's options (with `--json`, their types, defaults and
+    descriptions)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
