@@ -242,13 +242,6 @@ class CancellableEngine:
     def with_seed(self, seed: int) -> CancellableEngine:
         return CancellableEngine(self.inner.with_seed(seed), self._canceller)
 
-    @property
-    def model_flags(self) -> Sequence[str]:
-        return self.inner.model_flags
-
-    def predictor(self, target: m.Target) -> Predictor | None:
-        return self.inner.predictor(target)
-
     def launch(
         self,
         config: m.ServerConfig,

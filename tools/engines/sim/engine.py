@@ -172,9 +172,12 @@ class SimEngine(CatalogEngine):
     Options: ClassVar[type[EngineOptions] | None] = SimOptions
     require_model = False  # the twin serves a model profile, not a model path
 
-    def __init__(self, **options: object) -> None:
-        """Options (SimOptions): `model_profile`, `hardware`, `gpus`, `noise`, `seed`."""
-        o = self.setup(options)
+    def __init__(self, *profile: object, **options: object) -> None:
+        """Options (SimOptions): `model_profile`, `hardware`, `gpus`, `noise`, `seed`, by name or in that order."""
+        names = list(SimOptions.model_fields)
+        if len(profile) > len(names):
+            raise TypeError(f"SimEngine takes at most {len(names)} options by position ({', '.join(names)})")
+        o = self.setup({**dict(zip(names, profile, strict=False)), **options})
         assert isinstance(o, SimOptions)
         self.model_profile, self.hardware, self.gpus, self.noise = o.model_profile, o.hardware, o.gpus, o.noise
         self.seed = o.seed
