@@ -85,10 +85,11 @@ def available(group: str) -> list[PluginInfo]:
 
 
 def _check(group: str, obj: Any) -> None:
-    from pydantic_ai.toolsets import AbstractToolset
+    if group == TOOLS_GROUP:  # pydantic-ai only when a toolset is loaded: an engine's command never needs it
+        from pydantic_ai.toolsets import AbstractToolset
 
-    if group == TOOLS_GROUP and not isinstance(obj, AbstractToolset):
-        raise TypeError(f"expected a pydantic-ai toolset (e.g. FunctionToolset), got {type(obj).__name__}")
+        if not isinstance(obj, AbstractToolset):
+            raise TypeError(f"expected a pydantic-ai toolset (e.g. FunctionToolset), got {type(obj).__name__}")
     if group == ENGINES_GROUP and not callable(obj):
         raise TypeError(f"expected an engine factory (a callable returning an Engine), got {type(obj).__name__}")
 
