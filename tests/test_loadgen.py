@@ -395,7 +395,11 @@ def test_the_client_warns_when_it_fell_short_of_the_load_asked_for():
     check = client_check(records, [0.0] * 4)
     assert check.unused_share(2) == pytest.approx(0.155, abs=0.005)
     level = BenchLevel.model_validate(
-        {k: 1.0 for k in BenchLevel.model_fields if k.endswith("_ms") or k.endswith("throughput")}
+        {
+            k: 1.0
+            for k, f in BenchLevel.model_fields.items()
+            if (k.endswith("_ms") or k.endswith("throughput")) and f.annotation in (float, float | None)
+        }
         | {"duration": 2.5, "completed": 4, "total_input_tokens": 4, "total_output_tokens": 4}
         | {"concurrency": 1.6, "max_output_tokens_per_s": 4}
     )
