@@ -1,25 +1,21 @@
-"""One source of the defaults that the CLI (`pivot demo/run`) and the TUI (`pivot chat`) both read.
+"""How the CLI (`pivot demo/run`) and the TUI (`pivot chat`) build a new session's settings, from one set of defaults.
 
 The method's thresholds are `models.SessionSettings`' field defaults (`setting(name)`); what is not a session
-setting (the demo's plan and noise, the default engine and model) is a constant here. Neither the CLI's options
-nor the TUI keep a copy, and the TUI never imports the CLI to learn them.
+setting (the demo's plan and noise, the default engine and model) is `agent.settings` (PIVOT_* in the environment);
+the twin's options are the engines' own (tools/engines/sim/options.py). Neither the CLI's options nor the TUI keep a
+copy, and the TUI never imports the CLI to learn them.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
 from agent import models as m
 from agent.errors import PivotError
+from agent.settings import settings
 
-DEMO_PLAN = "glm5-nvfp4-rtxpro6000x8"  # `pivot demo`: the seeds' campaign on the digital twin
-DEMO_NOISE = 0.015  # `pivot demo`: run-to-run noise of the simulated engine
-ENGINE = "sim"  # `pivot run --engine`
-MODEL = "autopilot"  # the model when neither --model nor $PIVOT_MODEL names one
 SIMULATED = ("sim", "sim-http")  # the engines that take the plan's model profile, hardware and GPU count
-SIM_HTTP_OPTIONS = {"time_scale": 20.0, "startup_s": 0.5}  # sim-http's options unless told otherwise
 
 # The method's command-line options (`pivot demo/run`) and the settings they set.
 METHOD_SETTINGS = {
@@ -45,7 +41,18 @@ def setting(name: str) -> Any:
 
 def default_model(model: str | None) -> str:
     """The model a session is driven by: the one given, else $PIVOT_MODEL, else the built-in autopilot."""
-    return model or os.environ.get("PIVOT_MODEL") or MODEL
+    return settings(model=model or None).model
+
+
+def default_engine() -> str:
+    """The engine of a new campaign: $PIVOT_ENGINE, else the in-process twin (sim)."""
+    return settings().engine
+
+
+def demo() -> tuple[str, float]:
+    """`pivot demo`'s plan and the noise of its simulated engine ($PIVOT_DEMO_PLAN, $PIVOT_DEMO_NOISE)."""
+    s = settings()
+    return s.demo_plan, s.demo_noise
 
 
 def session_settings(
@@ -69,9 +76,6 @@ def session_settings(
             opts.setdefault("noise", noise)
     elif noise is not None:
         raise PivotError("--noise applies to the simulated engines (sim, sim-http) only")
-    if engine == "sim-http":
-        for key, value in SIM_HTTP_OPTIONS.items():
-            opts.setdefault(key, value)
     for key in ("api_key", "token", "password", "secret"):
         if any(key in k.lower() for k in opts):
             raise PivotError("engine options are stored in the ledger: pass secrets through the environment")

@@ -6,19 +6,20 @@ import os
 import re
 
 # Environment variables whose values are secrets: model and provider API keys, tokens, passwords.
-SECRET_NAME = re.compile(r"(API_KEY|_TOKEN|SECRET|PASSWORD)$|^API_KEY$|^HF_TOKEN$", re.IGNORECASE)
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
 _BEARER = re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{6,}")
-_SK = re.compile(r"\bsk-[A-Za-z0-9_-]{8,}")
+_KEYLIKE = re.compile(r"\b(sk|pk|rk|key|api|tok)([-_])[A-Za-z0-9_\-]{8,}", re.IGNORECASE)
 
 
 def redact(text: str) -> str:
-    """`text` with secrets replaced by [redacted]: the values of secret environment variables (8 characters or
-    more), bearer tokens and `sk-...` keys. For anything a server sent back that pivot shows or records."""
+    """`text` with secrets replaced by [redacted]: the values of secret environment variables (names with KEY,
+    TOKEN, SECRET or PASSWORD; values of 8 characters or more), bearer tokens and key-shaped words (`sk-...`,
+    `key_...`). The one redaction of pivot: for anything a server or a model sent back that pivot shows or records."""
     for name, value in os.environ.items():
         if len(value) >= 8 and value in text and SECRET_NAME.search(name):
             text = text.replace(value, "[redacted]")
     text = _BEARER.sub(r"\1 [redacted]", text)
-    return _SK.sub("sk-[redacted]", text)
+    return _KEYLIKE.sub(r"\1\2[redacted]", text)
 
 
 class PivotError(Exception):

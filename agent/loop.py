@@ -14,8 +14,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -46,17 +44,16 @@ from pydantic_ai.models import Model
 from agent import models as m
 from agent import plugins
 from agent.context import CompactHistory
-from agent.errors import PivotError
+from agent.errors import PivotError, redact
 from agent.session import Session
 from agent.session_tools import session_toolsets
+from agent.settings import settings
 from agent.text import quote
 from tools.method import Method, MethodGuard, method_text
 
 pydantic_ai.BANNER_ENABLED = False  # pivot owns its terminal output (progress on stderr, the TUI's screen)
 
 AUTOPILOT = "autopilot"
-MODEL_RETRIES = 3  # the OpenAI-compatible client's retries (with backoff) before a failure is reported
-MODEL_TIMEOUT_S = 300.0  # one model request ($PIVOT_MODEL_TIMEOUT_S overrides it)
 SCRIPT_PREFIX = "script:"  # --model script:FILE.jsonl (agent/script_model.py)
 INTERRUPTED = (
     "interrupted: pivot was stopped while this tool ran, so its result was lost. Whatever it recorded is in the "
@@ -181,11 +178,13 @@ def provider_model(name: str, base_url: str | None) -> Model:
             from pydantic_ai.providers.openai_compatible import OpenAICompatibleProvider
 
             model_name = name.split(":", 1)[1] if ":" in name else name
+            given = settings()
+            key = given.model_api_key
             client = AsyncOpenAI(
                 base_url=base_url,
-                api_key=os.environ.get("PIVOT_MODEL_API_KEY") or "api-key-not-set",
-                max_retries=model_retries(),  # connection errors, timeouts, 408, 409, 429 and 5xx, with backoff
-                timeout=float(os.environ.get("PIVOT_MODEL_TIMEOUT_S") or MODEL_TIMEOUT_S),
+                api_key=key.get_secret_value() if key is not None else "api-key-not-set",
+                max_retries=given.model_retries,  # connection errors, timeouts, 408, 409, 429 and 5xx, with backoff
+                timeout=given.model_timeout_s,
             )
             provider = OpenAICompatibleProvider("pivot-model", openai_client=client)
             return OpenAIChatModel(model_name, provider=provider)
@@ -200,20 +199,9 @@ def provider_model(name: str, base_url: str | None) -> Model:
         ) from e
 
 
-SECRET_ENV = ("KEY", "TOKEN", "SECRET", "PASSWORD")
-SECRET_PATTERN = re.compile(r"\b(?:sk|pk|rk|key|api|tok)[-_][A-Za-z0-9_\-]{8,}|\bBearer\s+\S+", re.IGNORECASE)
-
-
 def model_retries() -> int:
-    return int(os.environ.get("PIVOT_MODEL_RETRIES") or MODEL_RETRIES)
-
-
-def redact(text: str) -> str:
-    """`text` with every secret of the environment and anything shaped like a key replaced by ***."""
-    for name, value in os.environ.items():
-        if len(value) >= 8 and any(w in name.upper() for w in SECRET_ENV):
-            text = text.replace(value, "***")
-    return SECRET_PATTERN.sub("***", text)
+    """The OpenAI-compatible client's retries (with backoff) before a failure is reported ($PIVOT_MODEL_RETRIES)."""
+    return settings().model_retries
 
 
 def model_failure(e: Exception, session: Session) -> tuple[str, str]:

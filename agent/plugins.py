@@ -15,11 +15,12 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any
-
-from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
+from typing import TYPE_CHECKING, Any
 
 from agent.errors import PluginError
+
+if TYPE_CHECKING:  # pydantic-ai is imported when a toolset is loaded, not by every command that lists engines
+    from pydantic_ai.toolsets import AbstractToolset
 
 TOOLS_GROUP = "pivot.tools"
 ENGINES_GROUP = "pivot.engines"
@@ -84,8 +85,11 @@ def available(group: str) -> list[PluginInfo]:
 
 
 def _check(group: str, obj: Any) -> None:
-    if group == TOOLS_GROUP and not isinstance(obj, AbstractToolset):
-        raise TypeError(f"expected a pydantic-ai toolset (e.g. FunctionToolset), got {type(obj).__name__}")
+    if group == TOOLS_GROUP:  # pydantic-ai only when a toolset is loaded: an engine's command never needs it
+        from pydantic_ai.toolsets import AbstractToolset
+
+        if not isinstance(obj, AbstractToolset):
+            raise TypeError(f"expected a pydantic-ai toolset (e.g. FunctionToolset), got {type(obj).__name__}")
     if group == ENGINES_GROUP and not callable(obj):
         raise TypeError(f"expected an engine factory (a callable returning an Engine), got {type(obj).__name__}")
 
@@ -135,6 +139,8 @@ def load_all(group: str, on_failure: Callable[[PluginFailure], None] | None = No
 
 def describe_tools(toolset: AbstractToolset) -> list[tuple[str, str]]:
     """(name, first line of the description) for each tool of a toolset that lists its tools statically."""
+    from pydantic_ai.toolsets import FunctionToolset
+
     if isinstance(toolset, FunctionToolset):
         return [(name, (tool.description or "").strip().split("\n", 1)[0]) for name, tool in toolset.tools.items()]
     return []

@@ -8,7 +8,6 @@ so the agent, the tools and the reports never care whether GPUs are real or simu
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +35,9 @@ class Paths:
     @classmethod
     def from_env(cls, home: str | Path | None = None) -> Paths:
         """`home`, else $PIVOT_HOME, else the current directory."""
-        chosen = home if home is not None else os.environ.get("PIVOT_HOME") or "."
+        from agent.settings import settings
+
+        chosen = home if home is not None else settings().home
         return cls(Path(chosen).expanduser().resolve())
 
     @property

@@ -5,6 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist's workers start with COLUMNS=80 and LINES=24 set (execnet's); rich would pin every console of
+    # pivot to 80 columns at import, while a plain run (and a user's terminal) sizes them when they print.
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
 import pydantic_ai.models
 import pytest
 
@@ -14,6 +20,10 @@ from agent.session import Paths
 from agent.store import Store
 
 pydantic_ai.models.ALLOW_MODEL_REQUESTS = False
+
+# tests/plugin_engine is a package of its own with its own tests: they run against its installed copy
+# (tests/test_plugin_engine.py), not in this suite's process, which has not installed it.
+collect_ignore = ["plugin_engine"]
 
 SMALL_PLAN = """
 name = "small"
@@ -50,6 +60,14 @@ expected_impact = "+5%"
 """
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--snapshot-update",
+        action="store_true",
+        help="Rewrite the TUI's SVG snapshots (tests/snapshot.py; never in CI).",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # [tool.pytest] is read only by pytest >= 9; if something downgraded pytest, say so instead of
     # running with the settings silently ignored.
@@ -58,6 +76,27 @@ def pytest_configure(config: pytest.Config) -> None:
             "pyproject's [tool.pytest] settings are not in force (asyncio_mode is not 'auto'): "
             "is pytest older than 9? Reinstall with `pip install -e '.[dev]'`."
         )
+
+
+# Tests that must not run beside each other on two workers (pytest-xdist): each local Ray instance takes the host's
+# cores and fake GPUs, so the Ray tests run one after another on one worker.
+SERIAL_GROUPS = {"test_ray_campaign": "ray", "test_ray_executor": "ray"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (--dist loadgroup), keep together on one worker the tests that share a module- or
+    class-scoped fixture (an installed plugin, a campaign's ledger, a server), so it is built once, not once per
+    worker; and the tests of a serial group (SERIAL_GROUPS)."""
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        group = SERIAL_GROUPS.get(module)
+        if group is None:
+            info = getattr(item, "_fixtureinfo", None)
+            defs = info.name2fixturedefs.values() if info is not None else []
+            if any(d.scope in ("module", "class", "package") for fixturedefs in defs for d in fixturedefs):
+                group = module
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)

@@ -1,22 +1,31 @@
-"""SVG snapshots of a textual app without pytest-textual-snapshot (which drags pytest below 9).
+"""SVG snapshots of a textual app, compared with tests/snapshots/NAME.svg.
 
-`assert_snapshot(app, "name")` compares `app.export_screenshot()` with tests/snapshots/name.svg. To write or
-rewrite the files: `PIVOT_UPDATE_SNAPSHOTS=1 pytest tests/test_tui.py`, then look at the SVGs (a browser shows
-them) before committing. A missing file is written and the test fails, so a new snapshot is always looked at.
+pytest-textual-snapshot (1.1.0, the newest) pins syrupy 4.8.0, which needs pytest < 9: installing it downgrades
+pytest 9 to 8.4 and [tool.pytest] would be ignored (tests/conftest.py stops such a run). So pivot keeps this helper,
+which does what that plugin's `snap_compare` does: drive the app with Pilot, wait until the screen stops changing,
+compare its SVG with the stored one.
+
+To write or rewrite the files: `pytest tests/test_tui_snapshots.py --snapshot-update` (or PIVOT_UPDATE_SNAPSHOTS=1),
+then look at the SVGs (a browser shows them) before committing. A missing file is written and the test fails, so a
+new snapshot is always looked at. Under CI (CI=true) nothing is ever written: a missing or different snapshot fails.
 """
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from textual.app import App
+from textual.pilot import Pilot
 from textual.widgets import Input
 
+from agent.settings import settings
+
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
-UPDATE = "PIVOT_UPDATE_SNAPSHOTS"
+UPDATE_OPTION = "--snapshot-update"
+SETTLE_TRIES = 40  # screenshots 0.05 s apart until two in a row are the same
 
 
 def screenshot(app: App) -> str:
@@ -26,16 +35,40 @@ def screenshot(app: App) -> str:
     return app.export_screenshot(title="pivot", simplify=True)
 
 
-def assert_snapshot(app: App, name: str) -> None:
-    svg = screenshot(app)
+async def settled(pilot: Pilot) -> str:
+    """The screen once it has stopped changing (layouts, tables' column widths and flushed logs all done)."""
+    last = screenshot(pilot.app)
+    for _ in range(SETTLE_TRIES):
+        await pilot.pause(0.05)
+        now = screenshot(pilot.app)
+        if now == last:
+            return now
+        last = now
+    raise AssertionError("the screen kept changing: a snapshot of it would not be stable")
+
+
+def updating(config: Any) -> bool:
+    """Whether this run rewrites snapshots: asked for (--snapshot-update, PIVOT_UPDATE_SNAPSHOTS) and not in CI."""
+    s = settings()
+    asked = bool(config.getoption(UPDATE_OPTION)) or s.update_snapshots
+    if asked and s.ci:
+        raise pytest.UsageError("snapshots are never rewritten in CI (CI is set): rewrite them locally and commit")
+    return asked
+
+
+async def assert_snapshot(pilot: Pilot, name: str, config: Any) -> None:
+    svg = await settled(pilot)
     path = SNAPSHOTS / f"{name}.svg"
-    if os.environ.get(UPDATE) or not path.exists():
+    update = updating(config)
+    if update or not path.exists():
+        if settings().ci:
+            pytest.fail(f"snapshot {path} is missing, and CI never writes one: write it locally and commit it")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(svg, encoding="utf-8")
-        if not os.environ.get(UPDATE):
+        if not update:
             pytest.fail(f"snapshot {path} was missing and has been written: look at it, then run again")
         return
     if svg != path.read_text(encoding="utf-8"):
         actual = Path(tempfile.mkdtemp(prefix="pivot-snapshot-")) / f"{name}.svg"
         actual.write_text(svg, encoding="utf-8")
-        pytest.fail(f"{name}: the screen differs from {path}; this run's is {actual} ({UPDATE}=1 rewrites it)")
+        pytest.fail(f"{name}: the screen differs from {path}; this run's is {actual} ({UPDATE_OPTION} rewrites it)")

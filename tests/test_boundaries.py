@@ -23,6 +23,7 @@ CORE = [
     "agent/errors.py",
     "agent/text.py",
     "agent/plans.py",
+    "agent/settings.py",
 ]
 FORBIDDEN = ("tools", "textual")
 

@@ -66,9 +66,9 @@ def test_ttft_tpot_and_throughput_match_the_servers_schedule(timed_url, endpoint
     assert level.total_output_tokens == waves * concurrency * OUT_LEN
     assert level.total_input_tokens == waves * concurrency * IN_LEN
     assert level.max_in_flight == concurrency
-    # The server keeps its schedule to within its timer's resolution, and says how late it was;
-    # what the client measures must match what the server did, within 1 ms + 3%.
-    assert server["mean_first_token_late_ms"] < 3.0 and abs(server["mean_tpot_ms"] - I_MS) < 0.3
+    # The server keeps its schedule to within a few ms (its timer, and a host whose two cores run the suite's two
+    # workers), and says what it did; what the client measures must match what the server did, within 1 ms + 3%.
+    assert server["mean_first_token_late_ms"] < 15.0 and abs(server["mean_tpot_ms"] - I_MS) < 1.0
     assert level.mean_ttft_ms == pytest.approx(server["mean_ttft_ms"], abs=1.0 + 0.03 * T_MS)
     assert level.mean_tpot_ms == pytest.approx(server["mean_tpot_ms"], abs=1.0 + 0.03 * I_MS)
     assert level.mean_itl_ms == pytest.approx(server["mean_tpot_ms"], abs=1.0 + 0.03 * I_MS)
@@ -395,7 +395,11 @@ def test_the_client_warns_when_it_fell_short_of_the_load_asked_for():
     check = client_check(records, [0.0] * 4)
     assert check.unused_share(2) == pytest.approx(0.155, abs=0.005)
     level = BenchLevel.model_validate(
-        {k: 1.0 for k in BenchLevel.model_fields if k.endswith("_ms") or k.endswith("throughput")}
+        {
+            k: 1.0
+            for k, f in BenchLevel.model_fields.items()
+            if (k.endswith("_ms") or k.endswith("throughput")) and f.annotation in (float, float | None)
+        }
         | {"duration": 2.5, "completed": 4, "total_input_tokens": 4, "total_output_tokens": 4}
         | {"concurrency": 1.6, "max_output_tokens_per_s": 4}
     )

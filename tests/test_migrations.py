@@ -105,3 +105,38 @@ def test_new_migrations_run_in_order_once(paths):
     assert calls == ["a", "b"]
     with Store(paths.db_path, migrations=[*MIGRATIONS, *extra]) as s:
         assert {"tag_a", "tag_b"} <= set(s.db["sessions"].columns_dict)
+
+
+# The names shipped in users' ledgers, in order: a rename or reorder of a migration function fails here.
+SHIPPED = ["001_initial", "002_server_processes", "003_server_identity", "004_analysis", "005_telemetry_tokens",
+           "006_session_settings", "007_combined_items", "008_search", "009_truth", "011_usage", "012_placement",
+           "013_investigations", "014_capacity"]  # fmt: skip
+
+
+def test_the_registered_names_are_the_shipped_ones_in_order():
+    names = [name for name, _ in MIGRATIONS]
+    assert names[: len(SHIPPED)] == SHIPPED
+    assert all(f"_m{name}" == fn.__name__ for name, fn in MIGRATIONS)  # the name is the function's own
+
+
+def test_a_migration_is_named_by_its_function_and_numbered_after_the_last(monkeypatch):
+    from agent.store import migrations
+
+    monkeypatch.setattr(migrations, "MIGRATIONS", list(migrations.MIGRATIONS))
+
+    def _m099_more(db):
+        pass
+
+    migrations.migration(_m099_more)
+    assert migrations.MIGRATIONS[-1] == ("099_more", _m099_more)
+
+    def _m099_again(db):
+        pass
+
+    def add_column(db):
+        pass
+
+    with pytest.raises(ValueError, match="comes after 099_more"):
+        migrations.migration(_m099_again)
+    with pytest.raises(ValueError, match="named _mNNN_what, not add_column"):
+        migrations.migration(add_column)

@@ -71,7 +71,7 @@ def test_wheel_ships_the_plans_and_the_entry_points(tmp_path):
     assert {
         "sim = tools.engines.sim.engine:SimEngine",
         "sglang = tools.engines.sglang:SGLangEngine",
-        "sim-http = tools.engines.sglang:sim_http_engine",
+        "sim-http = tools.engines.sim.http_engine:SimHttpEngine",
         "command = tools.engines.command:CommandEngine",
     } <= set(engines)
     assert "[console_scripts]\npivot = agent.cli:main" in entry_points

@@ -131,7 +131,11 @@ def test_pivot_tools_lists_an_installed_third_party_plugin(plugin_site):
         "distribution": "pivot-hello 0.0.1",
         "entry_point": "pivot_hello:HelloEngine",
         "description": "An engine that serves greetings.",
+        "options": [],  # it declares no Options: they are its own business
     } in data["engines"]
+    sim_http = next(row for row in data["engines"] if row["engine"] == "sim-http")
+    time_scale = next(o for o in sim_http["options"] if o["name"] == "time_scale")
+    assert time_scale["default"] == "20.0" and time_scale["description"] == "Simulated seconds per wall second."
     # the broken plugin is named in a warning on stderr and the rest still loaded
     assert "plugin 'broken' (from pivot-broken 0.0.1)" in proc.stderr
     assert "ImportError: needs libfoo" in proc.stderr

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PIVOT = [sys.executable, "-m", "agent.cli"]
 PLAN = ROOT / "benchmarks" / "parallel_plans" / "llama70b-h200-tp2.toml"
 RAY = ["--ray", "local", "--ray-gpus", "4"]
-SIM_HTTP = ["--engine", "sim-http", "-o", "time_scale=20", "-o", "startup_s=0.5", "--concurrency", "1,32"]
+SIM_HTTP = ["--engine", "sim-http", "-o", "time_scale=100", "-o", "startup_s=0.2", "--concurrency", "1,32"]
 
 
 def _pivot(home: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:

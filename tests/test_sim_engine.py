@@ -49,10 +49,20 @@ def test_audit_marks_removed_and_noop_flags():
     ],
 )
 def test_launch_failures_are_classified(tmp_path, flags, failure):
+    """Forced past the audit gate, the twin refuses as SGLang would, and the refusal is classified from its log."""
     with pytest.raises(SimLaunchError) as info:
-        load_engine("sim").launch(m.ServerConfig.parse(f"{FLAGS} {flags}"), tmp_path / "s.log")
+        load_engine("sim").launch(m.ServerConfig.parse(f"{FLAGS} {flags}"), tmp_path / "s.log", force=True)
     assert info.value.failure == failure
     assert (tmp_path / "s.log").read_text().strip()
+
+
+def test_the_audit_gate_refuses_what_sglang_refuses_before_anything_is_built(tmp_path):
+    from tools.engines.process import FlagsRefused
+
+    with pytest.raises(FlagsRefused, match="--enable-piecewise-cuda-graph is unknown") as info:
+        load_engine("sim").launch(m.ServerConfig.parse(f"{FLAGS} --enable-piecewise-cuda-graph"), tmp_path / "s.log")
+    assert [i.flag for i in info.value.issues] == ["--enable-piecewise-cuda-graph"]
+    assert not (tmp_path / "s.log").exists()
 
 
 def test_ep8_crashes_under_load_and_stays_down(tmp_path):

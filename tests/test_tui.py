@@ -1,8 +1,8 @@
 """`pivot chat`: the textual app driven headless with Pilot, on the autopilot and the twin (no model requests).
 
 A chat message gets its reply; a pivot's button sends the agent on; the picker opens a session; Escape cancels a
-running step (the server stops, the ledger is as a resume finds it, and the session goes on). The main screen and a
-pivot are compared with SVG snapshots in tests/snapshots/ (tests/snapshot.py says how to rewrite them).
+running step (the server stops, the ledger is as a resume finds it, and the session goes on). What the screen shows
+in each state is compared with SVG snapshots in tests/test_tui_snapshots.py.
 """
 
 from __future__ import annotations
@@ -10,13 +10,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic_ai import ModelResponse, TextPart, ToolCallPart
-from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelRequest, ToolReturnPart, UserPromptPart
+from pydantic_ai.messages import ModelRequest, ToolReturnPart, UserPromptPart
 from pydantic_ai.models.function import FunctionModel
 from textual.pilot import Pilot
 from textual.widgets import Button, Markdown
@@ -30,8 +29,6 @@ from agent.tui.app import PivotApp
 from agent.tui.cancel import CancellableEngine, Canceller, StepCancelled
 from agent.tui.controller import ChatController, default_engine
 from agent.tui.screens import PickerScreen
-from tests.factories import bench_level
-from tests.snapshot import assert_snapshot
 
 SIZE = (120, 40)
 FROZEN: Callable[[], float] = lambda: 0.0  # noqa: E731  (elapsed times in snapshots never move)
@@ -160,7 +157,9 @@ def test_a_cancelled_step_refuses_engine_calls_and_the_wrappers_keep_the_contrac
     engine = CancellableEngine(Recording(), canceller)
     assert isinstance(engine, Engine) and engine.name == "sim"
     dep = engine.launch(m.ServerConfig.parse("--tp-size 8"), tmp_path / "log", force=True)
-    assert calls == [{"ledger": None, "force": True}]  # keywords pass through as the protocol names them
+    assert calls == [
+        {"ledger": None, "force": True, "issues": None}
+    ]  # keywords pass through as the protocol names them
     assert isinstance(dep, Deployment) and dep.argv is None and dep.log_path == tmp_path / "log"
     spec = m.BenchSpec(concurrency=[1], num_prompts=2, random_input_len=16, random_output_len=8)
     out = tmp_path / "runs.jsonl"
@@ -213,12 +212,14 @@ def test_the_cli_options_and_the_tui_read_one_source_of_defaults(plan_file: Path
 
     plan = load_plan(plan_file)
     run = run_cmd.make_context("run", [str(plan_file)]).params
-    assert run["engine"] == defaults.ENGINE
+    assert run["engine"] is None and defaults.default_engine() == "sim"  # resolved from the settings when it runs
     for option, field in defaults.METHOD_SETTINGS.items():
         assert run[option] == m.SessionSettings.model_fields[field].default, option
-    assert defaults.session_settings(plan.target, run["engine"], {}, run["noise"], run) == run_settings(plan)
+    assert defaults.session_settings(plan.target, defaults.default_engine(), {}, run["noise"], run) == run_settings(
+        plan
+    )
     method = demo.make_context("demo", []).params
-    from_cli = defaults.session_settings(plan.target, defaults.ENGINE, {}, defaults.DEMO_NOISE, method)
+    from_cli = defaults.session_settings(plan.target, defaults.default_engine(), {}, defaults.demo()[1], method)
     assert from_cli == run_settings(plan, demo=True)
     tui = Path(__file__).resolve().parent.parent / "agent" / "tui"
     assert not [f"{path.name}: {name}" for path in tui.rglob("*.py") for name in _cli_imports(path)]
@@ -406,104 +407,3 @@ async def test_escape_on_sim_http_stops_the_server_process(store: Store, paths: 
         assert store.servers(sid, running_only=True) == []
         assert not Path(f"/proc/{server.pid}").exists() or "zombie" in Path(f"/proc/{server.pid}/status").read_text()
         assert store.get_session(sid).status == "stopped"
-
-
-# ---------------------------------------------------------------------------------------------- snapshots
-
-T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
-
-
-def _ledger(store: Store, paths: Paths, plan_file: Path, monkeypatch: pytest.MonkeyPatch, *, pivot: bool) -> str:
-    """A session written by hand (no twin, no autopilot), so the snapshots change only when the TUI does."""
-    from agent.plans import load_plan
-
-    monkeypatch.setattr("agent.session.new_session_id", lambda: "snap01")
-    plan = load_plan(plan_file)
-    with Session.create(store, paths, plan, name="snapshot", engine_name="sim") as s:
-        sid = s.id
-    todos = [
-        m.Todo(content="Measure the baseline", status="completed", priority="high"),
-        m.Todo(content="01 FP8 KV cache", status="completed", priority="high", plan_item="01"),
-        m.Todo(content="02 Smaller chunks", status="pending", priority="medium", plan_item="02"),
-    ]
-    store.replace_todos(sid, todos)
-
-    def measured(e: m.Experiment, low: float, high: float, verdict: m.Verdict) -> m.Experiment:
-        e = store.add_experiment(sid, e)
-        result = m.BenchResult(spec=plan.workload, engine="sim", source="simulated", started_at=T0)
-        result.levels = [bench_level(1, low), bench_level(32, high)]
-        store.add_bench_result(e.id or 0, result)
-        return store.update_experiment(e.model_copy(update={"status": "finished", "verdict": verdict}))
-
-    base_config = plan.target.base_config()
-    base = measured(
-        m.Experiment(kind="baseline", title="baseline", config=base_config, workload=plan.workload),
-        9.8,
-        620.0,
-        "baseline",
-    )
-    change = measured(
-        m.Experiment(
-            kind="change",
-            plan_item="01",
-            title="FP8 KV cache",
-            config=m.ServerConfig.parse(f"{base_config} --kv-cache-dtype fp8_e4m3"),
-            base_experiment_id=base.id,
-            workload=plan.workload,
-        ),
-        9.9,
-        700.0,
-        "adopted",
-    )
-    report = {
-        "experiment_id": change.id,
-        "run": 1,
-        "levels": [
-            {"concurrency": 1, "output_tok_s": 9.9, "failed": 0},
-            {"concurrency": 32, "output_tok_s": 700.0, "failed": 0},
-        ],
-    }
-    messages = [
-        ModelRequest(parts=[UserPromptPart("Work through the plan with the method.")]),
-        ModelResponse(parts=[ToolCallPart("launch_server", {"plan_item": "01"}, tool_call_id="c1")]),
-        ModelRequest(
-            parts=[ToolReturnPart("launch_server", {"experiment_id": change.id, "status": "ready"}, tool_call_id="c1")]
-        ),
-        ModelResponse(parts=[ToolCallPart("run_benchmark", {}, tool_call_id="c2")]),
-        ModelRequest(parts=[ToolReturnPart("run_benchmark", report, tool_call_id="c2")]),
-        ModelResponse(parts=[TextPart("Experiment 2 (**FP8 KV cache**) is adopted: +12.9% output tok/s at 32.")]),
-    ]
-    store.append_messages(sid, [ModelMessagesTypeAdapter.dump_json([x]).decode()[1:-1] for x in messages])
-    if pivot:
-        store.add_pivot(
-            sid,
-            m.Pivot(
-                question="Tier 1 (Flags) done. Best so far: 700 output tok/s at concurrency 32 (experiment 2). Which way next?",
-                options=[
-                    "continue: Tier 2 (Config): 02 Smaller chunks",
-                    "stop: write the final summary and end the campaign",
-                ],
-                summary_path="docs_out/snap01/status-001.md",
-            ),
-        )
-    return sid
-
-
-async def _snapshot(store: Store, paths: Paths, sid: str, name: str) -> None:
-    controller = ChatController(paths, store)
-    controller.open(sid)
-    app = PivotApp(controller, clock=FROZEN)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.sessions_shown == 1)
-        await pilot.pause(0.3)  # the first board refresh and the log's flush
-        assert_snapshot(app, name)
-
-
-async def test_snapshot_of_the_main_screen(store, paths, plan_file, monkeypatch):
-    sid = _ledger(store, paths, plan_file, monkeypatch, pivot=False)
-    await _snapshot(store, paths, sid, "main")
-
-
-async def test_snapshot_of_a_pivot(store, paths, plan_file, monkeypatch):
-    sid = _ledger(store, paths, plan_file, monkeypatch, pivot=True)
-    await _snapshot(store, paths, sid, "pivot")

@@ -169,7 +169,7 @@ def record_step(
         item = plan_item_of(method.plan, plan_item) if plan_item is not None else None
         workload = item.workload_for(method.plan.workload) if item is not None else method.plan.workload
         if baseline:
-            config = method.plan.target.base_config()
+            config = method.base_config()
             if flags or remove_flags:
                 config = proposed_config(method, None, flags, remove_flags)
             kind: m.ExperimentKind = "baseline"

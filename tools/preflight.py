@@ -29,8 +29,6 @@ AUDIT_SEVERITY: dict[str, Severity] = {
     "deprecated": "warning",
     "noop": "warning",
 }
-DEFAULT_VERSION = "0.5.23"
-SGLANG_FAMILY = ("sglang", "sim", "sim-http")
 
 
 class PlanProblem(BaseModel):
@@ -67,74 +65,59 @@ def _profiles(target: m.Target) -> tuple[list[PlanProblem], bool | None]:
     return out, not model_generated and hw.calibrated
 
 
-def _sglang_audit(plan: m.Plan) -> tuple[str, list[tuple[str, list[m.FlagIssue], set[str] | None]]] | PlanProblem:
-    """SGLang's shipped catalog of the plan's version: (its title, rows per place), or the problem naming why not."""
-    from tools.engines.catalog import audit, load_catalog
-
-    version = plan.target.engine_version or DEFAULT_VERSION
-    try:
-        catalog = load_catalog("sglang", version)
-    except PivotError as e:
-        return PlanProblem(severity="error", where="target.engine_version", check="audit",
-                           message=f"{e.message}" + (f" ({e.hint})" if e.hint else ""))  # fmt: skip
-    base = plan.target.base_config()
-    rows = [("target.flags", audit(catalog, base), None)]
-    for item in plan.items:
-        if item.flags is not None:
-            rows.append((f"item {item.id}", audit(catalog, item.apply(base)), set(item.flags.names())))
-    return catalog.title, rows
-
-
-def _engine_audit(
-    plan: m.Plan, options: Mapping[str, Any]
-) -> tuple[list[PlanProblem], str, list[tuple[str, list[m.FlagIssue], set[str] | None]]]:
-    """The plan's engine's own audit (vLLM: its installed parser when its interpreter can dump it): the info lines
-    that say which parser judged, its title, and the rows per place."""
+def _audit(plan: m.Plan, options: Mapping[str, Any]) -> list[PlanProblem]:
+    """The base flags and every item's flags through the plan's engine's own audit (Engine.audit: SGLang's parser or
+    shipped catalog, vLLM's installed parser else its nearest shipped catalog, a plugin's own catalog), built with
+    `options`; which parser judged is an info line, a version other than the plan's a warning, and an engine that
+    cannot be loaded here an error."""
     from agent.contracts import load_engine
 
     target = plan.target
-    info: list[PlanProblem] = []
     try:
         engine = load_engine(target.engine, **options)
     except PivotError as e:
-        info.append(PlanProblem(severity="info", where="target.engine", check="audit",
-                                message=f"flags not audited: {e.message}"))  # fmt: skip
-        return info, "", []
-    base = target.base_config()
-    first = engine.audit(base)
-    title = f"{engine.name} {first.version}"
-    if target.engine_version and first.version != target.engine_version:
-        info.append(PlanProblem(severity="warning", where="target.engine_version", check="audit",
-                                message=f"the plan says {target.engine} {target.engine_version}; the flags were "
-                                f"judged as {first.version} ({first.parser})"))  # fmt: skip
-    info.append(PlanProblem(severity="info", where="target.flags", check="audit",
-                            message=f"flags audited by {first.parser}"))  # fmt: skip
-    for note in first.notes:
-        info.append(PlanProblem(severity="info", where="target.flags", check="audit", message=note))
-    rows = [("target.flags", first.rows, None)]
-    for item in plan.items:
-        if item.flags is not None:
-            rows.append((f"item {item.id}", engine.validate(item.apply(base)), set(item.flags.names())))
-    return info, title, rows
+        message = e.message + (f" ({e.hint})" if e.hint else "")
+        return [PlanProblem(severity="error", where="target.engine", check="audit", message=message)]
+    base = target.base_config(engine.model_flags)
+    try:
+        first = engine.audit(base)
+    except PivotError as e:
+        message = e.message + (f" ({e.hint})" if e.hint else "")
+        return [PlanProblem(severity="error", where="target.engine_version", check="audit", message=message)]
+    judged = f"{engine.name} {first.version}" if first.version != "unknown" else engine.name
+    out = [
+        PlanProblem(severity="info", where="target.flags", check="audit", message=f"flags audited by {first.parser}")
+    ]
+    if target.engine_version and first.version not in (target.engine_version, "unknown"):
+        out.append(PlanProblem(severity="warning", where="target.engine_version", check="audit",
+                               message=f"the plan says {target.engine} {target.engine_version}; the flags were "
+                               f"judged as {first.version} ({first.parser})"))  # fmt: skip
+    out += [PlanProblem(severity="info", where="target.flags", check="audit", message=note) for note in first.notes]
 
-
-def _audit(plan: m.Plan, options: Mapping[str, Any]) -> list[PlanProblem]:
-    if plan.target.engine in SGLANG_FAMILY and not options:
-        found = _sglang_audit(plan)
-        if isinstance(found, PlanProblem):
-            return [found]
-        out: list[PlanProblem] = []
-        title, rows = found
-    else:
-        out, title, rows = _engine_audit(plan, options)
-    for where, issues, only in rows:
+    def add(where: str, issues: list[m.FlagIssue], only: set[str] | None = None) -> None:
         for issue in issues:
             severity = AUDIT_SEVERITY.get(issue.status)
             if severity is None or (only is not None and issue.flag not in only):
                 continue
-            message = f"{issue.flag}: {issue.status} in {title}" + (f": {issue.message}" if issue.message else "")
+            message = f"{issue.flag}: {issue.status} in {judged}" + (f": {issue.message}" if issue.message else "")
             out.append(PlanProblem(severity=severity, where=where, check="audit", message=message, flag=issue.flag))
+
+    add("target.flags", first.rows)
+    for item in plan.items:
+        if item.flags is not None:
+            add(f"item {item.id}", engine.audit(item.apply(base)).rows, only=set(item.flags.names()))
     return out
+
+
+def _has_predictor(plan: m.Plan, options: Mapping[str, Any]) -> bool:
+    """Whether the plan's engine offers a predictor for its target (Engine.predictor: the SGLang twin for SGLang and
+    the simulated engines)."""
+    from agent.contracts import load_engine
+
+    try:
+        return load_engine(plan.target.engine, **options).predictor(plan.target) is not None
+    except PivotError:
+        return False
 
 
 def preflight(plan: m.Plan, engine_options: Mapping[str, Any] | None = None) -> list[PlanProblem]:
@@ -145,8 +128,8 @@ def preflight(plan: m.Plan, engine_options: Mapping[str, Any] | None = None) -> 
     problems, calibrated = _profiles(plan.target)
     problems += _audit(plan, engine_options or {})
     if calibrated is not None:
-        if plan.target.engine not in SGLANG_FAMILY:
-            why = f"pivot has no predictor for {plan.target.engine} (its twin is SGLang's)"
+        if not _has_predictor(plan, engine_options or {}):
+            why = f"the {plan.target.engine} engine offers no predictor for it"
         elif not calibrated:
             why = "the twin needs shipped, calibrated profiles"
         else:

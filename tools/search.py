@@ -487,7 +487,7 @@ def record_fields(
         sur = Surrogate(method)
         if baseline:
             top = max(sur.workload.concurrency)
-            r = sur.predictor.predict(method.plan.target.base_config(), sur.workload, top) if sur.predictor else None
+            r = sur.predictor.predict(method.base_config(), sur.workload, top) if sur.predictor else None
             if r is None or r.tok_s is None:
                 return {}
             return {

@@ -164,7 +164,7 @@ def _launch(session: Session, method: Method, e: m.Experiment) -> LaunchResult:
     )
     session.emit("progress", f"experiment {eid}: launching {engine.name} with {e.config}")
     try:
-        deployment = launch_in_session(session, e.config, engine=engine, experiment_id=eid)
+        deployment = launch_in_session(session, e.config, engine=engine, experiment_id=eid, issues=issues)
     except FlagsRefused as err:  # the engine's own audit disagreed with ours: record it the same way
         record_failed(session, e, "unrecognized-argument", err.message)
         return LaunchResult(status="refused", failure="unrecognized-argument", message=err.message, **common)

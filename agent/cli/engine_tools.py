@@ -22,8 +22,9 @@ _STATUS_STYLE = {"ok": "green", "noop": "yellow", "deprecated": "yellow"}
 
 @click.command("audit-flags", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--json", "as_json", is_flag=True, help="Print only a JSON array of {flag, status, message} on stdout.")
-@click.option("--engine", "engine_name", type=ENGINE, default="sglang", show_default=True,
-              help="The engine whose flags these are (an installed engine: sglang, vllm, ...).")  # fmt: skip
+@click.option("--engine", "engine_name", type=ENGINE,
+              help="The engine whose flags these are (an installed engine: sglang, vllm, ...). "
+              "Default: $PIVOT_AUDIT_ENGINE, else sglang.")  # fmt: skip
 @click.option("--engine-version", help="Version to judge by (default: the installed engine's, else the shipped one).")
 @click.option(
     "--source",
@@ -37,7 +38,7 @@ _STATUS_STYLE = {"ok": "green", "noop": "yellow", "deprecated": "yellow"}
 @click.argument("flags", nargs=-1, type=click.UNPROCESSED)
 def audit_flags_cmd(
     as_json: bool,
-    engine_name: str,
+    engine_name: str | None,
     engine_version: str | None,
     source: str | None,
     option_pairs: tuple[str, ...],
@@ -55,7 +56,9 @@ def audit_flags_cmd(
 
     if not flags:
         raise PivotError("no flags to audit", hint="pivot audit-flags -- --tp-size 8 --enable-mscclpp")
-    engine = load_engine(engine_name, **_engine_options(option_pairs, None, None))
+    from agent.settings import settings
+
+    engine = load_engine(engine_name or settings().audit_engine, **_engine_options(option_pairs, None, None))
     report = engine.audit(
         m.ServerConfig.parse(list(flags)), version=engine_version, source=Path(source) if source else None
     )

@@ -23,9 +23,7 @@ from agent.console import dump, err, make_table, out, print_json, warn
 from agent.contracts import Deployment, engine_names, load_engine
 from agent.errors import PivotError
 from agent.session import Session
-
-DEFAULT_PLAN = "glm5-nvfp4-rtxpro6000x8"
-DEFAULT_ENGINE = "sim-http"
+from agent.settings import settings
 
 
 def _option_value(text: str) -> Any:
@@ -77,8 +75,8 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
                 "--engine",
                 "engine_name",
                 type=ENGINE,
-                help=f"An installed engine: sglang, vllm, sim-http, command, ... (`pivot tools` lists them; default: "
-                f"the session's engine, else {DEFAULT_ENGINE}).",
+                help="An installed engine: sglang, vllm, sim-http, command, ... (`pivot tools` lists them; default: "
+                "the session's engine, else $PIVOT_SERVE_ENGINE, else sim-http).",
             ),
             click.option(
                 "-o",
@@ -90,7 +88,9 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
                 "-o 'prefix=docker exec sgl', -o 'command=vllm serve M --port {port}'. Repeatable.",
             ),
             click.option("--session", "session_ref", help="Record the server in this session (default: a new one)."),
-            click.option("--plan", "plan_ref", help=f"Plan of a new session (default {DEFAULT_PLAN})."),
+            click.option(
+                "--plan", "plan_ref", help="Plan of a new session (default: $PIVOT_DEMO_PLAN, else the demo's)."
+            ),
             click.option("--host", help="Address the server binds to (default 127.0.0.1)."),
             click.option("--port", type=click.IntRange(1, 65535), help="Port (default: a free one)."),
             click.option(
@@ -116,7 +116,7 @@ def _open_session(ctx: click.Context, session_ref: str | None, plan_ref: str | N
             raise PivotError("give --session or --plan, not both")
         session = Session.open(home.store, home.paths, session_ref)
     else:
-        plan = load_plan(plan_ref or DEFAULT_PLAN)
+        plan = load_plan(plan_ref or settings().demo_plan)
         session = Session.create(
             home.store, home.paths, plan, name=f"{ctx.info_name} {engine_name}", engine_name=engine_name
         )
@@ -146,15 +146,16 @@ def _launch(
     config = m.ServerConfig.parse(list(flags))
     if session_ref is not None and engine_name is None:
         engine_name = ctx.obj.store.get_session(session_ref).engine
-    engine_name = engine_name or DEFAULT_ENGINE
+    engine_name = engine_name or settings().serve_engine
     engine = load_engine(engine_name, **options)
-    blocking = [issue for issue in engine.validate(config) if issue.blocking]
+    issues = engine.validate(config)
+    blocking = [issue for issue in issues if issue.blocking]
     if blocking and not force:  # before a session is created for nothing
         raise FlagsRefused(engine.name, blocking)
     session = _open_session(ctx, session_ref, plan_ref, engine_name)
     session.engine = engine
     try:
-        deployment = launch_in_session(session, config, force=force)
+        deployment = launch_in_session(session, config, force=force, issues=issues)
     except BaseException:
         session.close()
         raise

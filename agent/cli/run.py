@@ -12,12 +12,12 @@ from typing import Any
 
 import click
 
+from agent import defaults
 from agent import models as m
 from agent.cli.engines import ENGINE, _engine_options
 from agent.cli.mcp_options import check_investigator, mcp_options, settings_update, with_mcp_options
 from agent.console import err, out, print_json, warn
-from agent.defaults import DEMO_NOISE, DEMO_PLAN, default_model, session_settings, setting
-from agent.defaults import ENGINE as DEFAULT_ENGINE
+from agent.defaults import default_model, session_settings, setting
 from agent.errors import PivotError
 from agent.plans import load_plan
 from agent.session import Session
@@ -327,9 +327,11 @@ def demo(ctx: click.Context, **method: Any) -> None:
     Writes the improvement documents, measures the baseline and Tier 1, and stops at the first pivot with a status
     summary and a question; `pivot resume SESSION --answer 1` goes on.
     """
-    plan = load_plan(DEMO_PLAN)
-    settings = session_settings(plan.target, DEFAULT_ENGINE, {}, DEMO_NOISE, method)
-    _start(ctx, DEMO_PLAN, engine=DEFAULT_ENGINE, name="demo", settings=settings, levels=None, method=method)
+    plan_ref, noise = defaults.demo()
+    plan = load_plan(plan_ref)
+    engine = defaults.default_engine()
+    settings = session_settings(plan.target, engine, {}, noise, method)
+    _start(ctx, plan_ref, engine=engine, name="demo", settings=settings, levels=None, method=method)
 
 
 def objective_of(
@@ -401,9 +403,7 @@ def _objective_options(f: Any) -> Any:
 @click.option(
     "--engine",
     type=ENGINE,
-    default=DEFAULT_ENGINE,
-    show_default=True,
-    help="An installed engine (`pivot tools` lists them).",
+    help="An installed engine (`pivot tools` lists them). Default: $PIVOT_ENGINE, else sim.",
 )
 @click.option(
     "-o",
@@ -422,7 +422,7 @@ def _objective_options(f: Any) -> Any:
 def run_cmd(
     ctx: click.Context,
     plan_ref: str,
-    engine: str,
+    engine: str | None,
     option_pairs: tuple[str, ...],
     name: str | None,
     noise: float | None,
@@ -438,6 +438,7 @@ def run_cmd(
 
     --objective and --slo set what the campaign optimizes (kept with the session): throughput (output tok/s),
     goodput, capacity (the highest load meeting the SLOs) or energy (output tokens per joule)."""
+    engine = engine or defaults.default_engine()
     plan = load_plan(plan_ref)
     objective = dict(kind=objective_kind, slos=slos, attainment=attainment, goodput_kind=goodput_kind, load=load)
     given = any(v for v in objective.values())

@@ -7,8 +7,8 @@ import click
 from agent import models as m
 from agent.console import dump, err, make_table, out, print_json
 from agent.errors import PivotError
-
-DEFAULT_PLAN = "glm5-nvfp4-rtxpro6000x8"  # its workload and target are what the twin is calibrated on
+from agent.settings import settings
+from tools.engines.sim.options import twin_defaults
 
 
 @click.group()
@@ -27,7 +27,7 @@ def _workload(
     """The calibration workload with the command line's overrides."""
     from agent.plans import load_plan
 
-    base = load_plan(DEFAULT_PLAN).workload
+    base = load_plan(settings().demo_plan).workload  # the seeds' workload, the one the twin is calibrated on
     update = {"concurrency": m.parse_levels(levels)}
     for key, value in (
         ("random_input_len", input_len),
@@ -42,12 +42,13 @@ def _workload(
 
 
 def _profile_options(f):
-    f = click.option("--gpus", type=int, default=8, show_default=True, help="GPUs on the simulated host.")(f)
+    twin = twin_defaults()  # the twin's defaults, one home (tools/engines/sim/options.py)
+    f = click.option("--gpus", type=int, default=twin["gpus"], show_default=True, help="GPUs on the simulated host.")(f)
     f = click.option(
-        "--hardware", default="rtx-pro-6000-blackwell", show_default=True, help="Hardware profile (name or .toml)."
+        "--hardware", default=twin["hardware"], show_default=True, help="Hardware profile (name or .toml)."
     )(f)
     f = click.option(
-        "--model-profile", default="glm-5-nvfp4", show_default=True, help="Model profile (name or .toml)."
+        "--model-profile", default=twin["model_profile"], show_default=True, help="Model profile (name or .toml)."
     )(f)
     return f
 

@@ -10,6 +10,20 @@ from agent.cli.base import cli
 from agent.console import out, print_json, warn
 
 
+def _options(factory: object) -> list[dict[str, object]]:
+    """The options an engine declares (its Options model): name, type, default and what it is."""
+    from agent.contracts import declared_options
+
+    model = declared_options(factory)
+    if model is None:
+        return []
+    return [
+        {"name": name, "type": str(f.annotation), "default": repr(f.get_default(call_default_factory=True)),
+         "description": f.description or ""}
+        for name, f in model.model_fields.items()
+    ]  # fmt: skip
+
+
 @cli.command("tools")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.option(
@@ -51,6 +65,7 @@ def tools_cmd(as_json: bool, mcp: str | None) -> None:
             "distribution": engines.infos[name].dist,
             "entry_point": engines.infos[name].value,
             "description": plugins.describe(factory),
+            "options": _options(factory),
         }
         for name, factory in engines.plugins.items()
     ]
@@ -73,6 +88,8 @@ def tools_cmd(as_json: bool, mcp: str | None) -> None:
         out.print("  (none installed)")
     for row in engine_rows:
         out.print(f"  {row['engine']:<12} {row['description']}  [dim]({row['distribution']})[/]", markup=True)
+        if row["options"]:
+            out.print("    -o " + ", ".join(o["name"] for o in row["options"]), style="dim")
     if servers is not None:
         _print_mcp(servers)
 

@@ -1,8 +1,9 @@
 """Every extension point of pivot in one place: what a plugin implements and what callers may use of it.
 
 - **Engine** and **Deployment** (`engine.py`): a serving stack pivot audits, launches, benchmarks, reads and stops;
-  subclass `tools.engines.base.BaseEngine` (or `CatalogEngine`, `ServerEngine`) for the defaults. Registered under
-  the `pivot.engines` entry points; `load_engine(name, **options)` builds one and checks it against the protocol.
+  subclass `tools.engines.base.BaseEngine` (or `CatalogEngine`, `ServerEngine`) for the defaults and the audit gate.
+  Registered under the `pivot.engines` entry points; `load_engine(name, **options)` checks the options against the
+  engine's declared `Options` (an `EngineOptions` model), builds it and checks it against the protocol.
 - **Predictor** (`predictor.py`): an engine's capability to foresee a configuration's numbers without a launch
   (`Engine.predictor`); None where the engine has none, and the search measures instead.
 - **Executor** (`executor.py`): where an experiment's runs happen (this process, a Ray cluster): it takes
@@ -17,13 +18,16 @@ from agent.contracts.engine import (
     Deployment,
     Diagnosis,
     Engine,
+    EngineOptions,
     FlagAudit,
     LedgerLink,
     LevelCallback,
     Parallelism,
     ProgressCallback,
+    declared_options,
     engine_names,
     load_engine,
+    options_error,
 )
 from agent.contracts.executor import (
     EventCallback,
@@ -42,6 +46,7 @@ __all__ = [
     "Deployment",
     "Diagnosis",
     "Engine",
+    "EngineOptions",
     "EventCallback",
     "Executor",
     "ExperimentTask",
@@ -55,6 +60,8 @@ __all__ = [
     "ProgressCallback",
     "TaskEvent",
     "TaskOutcome",
+    "declared_options",
     "engine_names",
     "load_engine",
+    "options_error",
 ]

@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, get_args, get_origin, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from agent import models as m
 from agent import plugins
@@ -81,6 +83,41 @@ class FlagAudit:
     def blocking(self) -> bool:
         """True when some row would stop a launch (unknown, ambiguous or invalid)."""
         return any(r.blocking for r in self.rows)
+
+
+class EngineOptions(BaseModel):
+    """The options an engine takes (`-o key=value` on the command line, a session's engine options), as a typed
+    model the engine declares (`Options` on its class, subclassing this one): load_engine checks them against it, so
+    a misspelled option or a value of the wrong type is one line naming the option, never a traceback at launch.
+    Unknown options are refused. `pivot tools` lists each engine's options (with `--json`, their types, defaults and
+    descriptions)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+
+def options_error(engine: str, error: ValidationError, model: type[BaseModel] | None = None) -> PivotError:
+    """One line for options an engine refused (the first problem, and how many more), with the options it takes."""
+    problems = []
+    for item in error.errors():
+        key = ".".join(str(p) for p in item["loc"]) or "options"
+        if item["type"] == "extra_forbidden":
+            problems.append(f"no option {key!r}")
+        else:
+            problems.append(f"option {key}={item.get('input')!r}: {item['msg']}")
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    hint = None
+    if model is not None:
+        hint = f"{engine}'s options: " + ", ".join(
+            f"{name} ({_type_name(f.annotation)})" for name, f in model.model_fields.items()
+        )
+    return PivotError(f"engine {engine!r}: {problems[0] if problems else error}{more}", hint=hint)
+
+
+def _type_name(annotation: Any) -> str:
+    if get_origin(annotation) is Literal:
+        return "|".join(str(a) for a in get_args(annotation))
+    text = getattr(annotation, "__name__", None) or str(annotation)
+    return text.replace("typing.", "").replace("collections.abc.", "")
 
 
 LevelCallback = Callable[[Any], None]  # receives tools.loadgen.LevelProgress (the core cannot name tools' types)
@@ -154,6 +191,9 @@ class Engine(Protocol):
     name: str
     ready_timeout_s: float  # how long a launch may take to become ready before it counts as failed
     gauges: Mapping[str, str]  # pivot's gauge name -> this engine's Prometheus metric name
+    # The options the engine's factory takes, as a model load_engine checks them against (None: not declared, the
+    # options are passed as given and the factory checks them itself).
+    Options: ClassVar[type[EngineOptions] | None]
 
     def validate(self, config: m.ServerConfig) -> list[m.FlagIssue]:
         """One row per flag as typed: ok, unknown, ambiguous, deprecated, invalid or noop, with a message."""
@@ -194,17 +234,25 @@ class Engine(Protocol):
         ...
 
     def launch(
-        self, config: m.ServerConfig, log_path: Path, *, ledger: LedgerLink | None = None, force: bool = False
+        self,
+        config: m.ServerConfig,
+        log_path: Path,
+        *,
+        ledger: LedgerLink | None = None,
+        force: bool = False,
+        issues: Sequence[m.FlagIssue] | None = None,
     ) -> Deployment:
         """Start a server with `config`, logging to `log_path` and recorded in `ledger`; returns before it is ready.
 
-        Flags the audit finds the engine would refuse stop the launch (FlagsRefused) unless `force`.
+        The audit gate: flags the engine would refuse stop the launch (FlagsRefused) unless `force`. `issues` are
+        the rows of validate(config) when the caller has them already (it audited to record them), so a launch is
+        audited once; None: the launch audits. BaseEngine.launch is the gate every engine inherits.
         """
         ...
 
 
-_ENGINE_MEMBERS = ("name", "ready_timeout_s", "gauges", "validate", "audit", "parallelism", "not_modelled",
-                   "diagnose", "with_seed", "model_flags", "predictor", "launch")  # fmt: skip
+_ENGINE_MEMBERS = ("name", "ready_timeout_s", "gauges", "Options", "validate", "audit", "parallelism",
+                   "not_modelled", "diagnose", "with_seed", "model_flags", "predictor", "launch")  # fmt: skip
 
 
 def engine_names() -> list[str]:
@@ -212,13 +260,29 @@ def engine_names() -> list[str]:
     return sorted({p.name for p in plugins.available(plugins.ENGINES_GROUP)})
 
 
+def declared_options(factory: Any) -> type[EngineOptions] | None:
+    """The options model an engine factory declares (`Options`, an EngineOptions subclass), or None."""
+    model = getattr(factory, "Options", None)  # contract: a factory's declared options
+    return model if isinstance(model, type) and issubclass(model, EngineOptions) else None
+
+
 def load_engine(name: str, **options: Any) -> Engine:
-    """Build the engine registered under `name` in the `pivot.engines` entry points."""
+    """Build the engine registered under `name` in the `pivot.engines` entry points, its options checked against
+    the model it declares (one line per refusal: the option, the value, what it should be; the options it takes)."""
     factory = plugins.load(plugins.ENGINES_GROUP, name)
+    model = declared_options(factory)
+    if model is not None:
+        try:
+            checked = model.model_validate(options)
+        except ValidationError as e:
+            raise options_error(name, e, model) from None
+        options = {key: getattr(checked, key) for key in checked.model_fields_set}
     try:
         engine = factory(**options)
     except PivotError:
         raise
+    except ValidationError as e:
+        raise options_error(name, e, model) from None
     except Exception as e:
         raise PivotError(f"engine {name!r} could not be set up: {type(e).__name__}: {e}") from e
     if not isinstance(engine, Engine):

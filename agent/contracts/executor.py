@@ -51,6 +51,7 @@ class ExperimentTask:
     profile_dir: str | None = None  # where the driver keeps profile traces
     objective: m.Objective | None = None  # a capacity objective: after the sweep, bracket the load that meets it
     capacity_start: float | None = None  # where the driver's predictor places the crossing (None: no prediction)
+    audit: tuple[m.FlagIssue, ...] | None = None  # the driver's audit of `config` (the host does not audit again)
 
     @property
     def label(self) -> str:

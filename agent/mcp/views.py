@@ -237,16 +237,21 @@ def predict(
     num_prompts: int | None,
     noise: float,
 ) -> Prediction:
-    from agent.cli.sim import DEFAULT_PLAN, build_twin
+    from agent.cli.sim import build_twin
     from agent.plans import load_plan
+    from agent.settings import settings
+    from tools.engines.sim.options import DEFAULT_MODEL_PROFILE
 
-    plan = load_plan(plan_ref or DEFAULT_PLAN)
+    plan = load_plan(plan_ref or settings().demo_plan)
     t = plan.target
     if noise < 0:
         raise PivotError("noise must be >= 0")
     line = flags.strip() or (str(t.flags or "") if plan_ref else "")
     twin = build_twin(
-        model_profile or t.model_profile or "glm-5-nvfp4", hardware or t.hardware, gpus or t.gpus, tuple(_split(line))
+        model_profile or t.model_profile or DEFAULT_MODEL_PROFILE,
+        hardware or t.hardware,
+        gpus or t.gpus,
+        tuple(_split(line)),
     )
     update: dict[str, Any] = {}
     if concurrency:

@@ -75,11 +75,12 @@ from agent.models.objective import (
     parse_slos,
     slo_text,
 )
-from agent.models.plans import ItemKind, Plan, PlanItem, PriorResult, Target, Verdict
+from agent.models.plans import DEFAULT_MODEL_FLAGS, ItemKind, Plan, PlanItem, PriorResult, Target, Verdict
 
 __all__ = [
     "BLOCKING_FLAG_STATUSES",
     "BOTTLENECK_TITLES",
+    "DEFAULT_MODEL_FLAGS",
     "SLO_METRICS",
     "SWITCH_ON",
     "_FLAG_NAME",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -14,6 +15,12 @@ from agent.models.objective import Objective
 
 # --------------------------------------------------------------------------------------------------
 # Plans.
+
+VLLM_MODEL_FLAGS: tuple[str, ...] = ("--model",)  # vLLM's model flag (tools/engines/vllm.py says the same)
+DEFAULT_MODEL_FLAGS = (
+    "--model-path",
+    "--model",
+)  # SGLang's: the engine's own (Engine.model_flags) where one is at hand
 
 # flag: a flag flip; config: a configuration change; workload: a different benchmark workload;
 # profile: a measurement (a profile of the best config) rather than a change; code: a change for the user to make;
@@ -44,7 +51,7 @@ Verdict = Literal[
 class Target(_Model):
     """What is being optimized: a model on some GPUs under one serving engine, with its base flags."""
 
-    model: str = Field(description="The model path or hub id the engine serves (`--model-path`).")
+    model: str = Field(description="The model path or hub id the engine serves (its model flag, e.g. `--model-path`).")
     model_profile: str | None = Field(
         default=None,
         description="Name of a model profile, e.g. glm-5-nvfp4; unset: the shipped one that serves `model`, else one "
@@ -60,13 +67,16 @@ class Target(_Model):
     engine_version: str | None = None
     flags: ServerConfig = Field(default_factory=ServerConfig, description="Base flags every experiment starts from.")
 
-    def base_config(self) -> ServerConfig:
-        """The base flags with the model first (`--model-path`; vLLM's `--model`, the flag its Engine.model_flags
-        names) unless the flags already name the model."""
-        if any(n in self.flags for n in ("--model-path", "--model")):
+    def base_config(self, model_flags: Sequence[str] | None = None) -> ServerConfig:
+        """The base flags with the model first, as the engine's first model flag (`model_flags`, the engine's
+        `Engine.model_flags`), unless the flags already name the model with one of them. Without `model_flags`
+        (a caller that holds no engine), the built-in engines' spelling: vLLM's `--model`, else SGLang's."""
+        if model_flags is None:
+            model_flags = VLLM_MODEL_FLAGS if self.engine == "vllm" else DEFAULT_MODEL_FLAGS
+        if not model_flags or any(n in self.flags for n in model_flags):
             return self.flags
-        flag = "--model" if self.engine == "vllm" else "--model-path"
-        return ServerConfig(flags=(Flag(name=flag, value=self.model), *self.flags.flags), env=self.flags.env)
+        first = Flag(name=model_flags[0], value=self.model)
+        return ServerConfig(flags=(first, *self.flags.flags), env=self.flags.env)
 
 
 class PlanItem(_Model):

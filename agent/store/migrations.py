@@ -1,25 +1,43 @@
 """The ledger's schema: named migrations, applied in order on every open and recorded in `_migrations`.
 
-Append only: the names are recorded in users' ledgers, so never edit, rename or reorder one that has shipped; add a
-new one at the end of MIGRATIONS.
+A migration is a function decorated with `@migration`, named `_mNNN_what`; its recorded name is `NNN_what`, taken
+from the function's own name, so the two cannot drift. Append only: the names are recorded in users' ledgers, so
+never edit, rename or reorder one that has shipped; add a new one at the end, with the next number.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from sqlite_utils import Database
 
 Migration = tuple[str, Callable[[Database], None]]
+MIGRATIONS: list[Migration] = []  # in the order they are applied: the order they are defined below
+_NAME = re.compile(r"_m(\d{3})_([a-z0-9_]+)")
 
 
+def migration(fn: Callable[[Database], None]) -> Callable[[Database], None]:
+    """Register `fn` (named `_mNNN_what`) as the migration `NNN_what`, after every one registered before it; its
+    number must be higher than theirs (a gap is fine: a number once shipped is never reused)."""
+    match = _NAME.fullmatch(fn.__name__)
+    if match is None:
+        raise ValueError(f"a migration's function is named _mNNN_what, not {fn.__name__}")
+    number, name = int(match.group(1)), f"{match.group(1)}_{match.group(2)}"
+    if MIGRATIONS and number <= int(MIGRATIONS[-1][0][:3]):
+        raise ValueError(f"migration {name} comes after {MIGRATIONS[-1][0]}: give it a higher number")
+    MIGRATIONS.append((name, fn))
+    return fn
+
+
+@migration
 def _m001_initial(db: Database) -> None:
-    _m001_sessions(db)
-    _m001_experiments(db)
-    _m001_results(db)
+    _initial_sessions(db)
+    _initial_experiments(db)
+    _initial_results(db)
 
 
-def _m001_sessions(db: Database) -> None:
+def _initial_sessions(db: Database) -> None:
     """001_initial, part 1: sessions, their message history and their todos."""
     db["sessions"].create(
         {
@@ -64,7 +82,7 @@ def _m001_sessions(db: Database) -> None:
     )
 
 
-def _m001_experiments(db: Database) -> None:
+def _initial_experiments(db: Database) -> None:
     """001_initial, part 2: experiments and their benchmark sweeps (one row per level)."""
     db["experiments"].create(
         {
@@ -140,7 +158,7 @@ def _m001_experiments(db: Database) -> None:
     )
 
 
-def _m001_results(db: Database) -> None:
+def _initial_results(db: Database) -> None:
     """001_initial, part 3: telemetry (one row per GPU), documents and pivots."""
     db["telemetry"].create(
         {
@@ -212,6 +230,7 @@ def _m001_results(db: Database) -> None:
     )
 
 
+@migration
 def _m002_server_processes(db: Database) -> None:
     db["servers"].create(
         {
@@ -237,11 +256,13 @@ def _m002_server_processes(db: Database) -> None:
     db["servers"].create_index(["session_id", "status"])
 
 
+@migration
 def _m003_server_identity(db: Database) -> None:
     # The kernel's start time of the server's pid, so a pid reused by another process is never signalled.
     db["servers"].add_column("proc_start", str)
 
 
+@migration
 def _m004_analysis(db: Database) -> None:
     # What tools/analysis/ finds (one sentence and its numbers per row), and GEMM micro-benchmark results.
     db["findings"].create(
@@ -301,12 +322,14 @@ def _m004_analysis(db: Database) -> None:
     db["microbench_results"].create_index(["device", "dtype"])
 
 
+@migration
 def _m005_telemetry_tokens(db: Database) -> None:
     """Output tokens of a level and tokens per joule, so energy efficiency survives a resume."""
     db["telemetry"].add_column("output_tokens", int)
     db["telemetry"].add_column("output_tokens_per_j", float)
 
 
+@migration
 def _m006_session_settings(db: Database) -> None:
     """The method's thresholds, the engine's options and the model's server, kept with each session; and the words
     that say why an experiment's server failed, beside its class."""
@@ -315,11 +338,13 @@ def _m006_session_settings(db: Database) -> None:
     db["experiments"].add_column("failure_detail", str)
 
 
+@migration
 def _m007_combined_items(db: Database) -> None:
     """Every plan item an experiment combines (a combined step of the search names them all)."""
     db["experiments"].add_column("plan_items_json", str)
 
 
+@migration
 def _m008_search(db: Database) -> None:
     """The search's prediction recorded next to what was measured: the corrected twin's output tok/s, the predicted
     change and where the prediction comes from."""
@@ -328,6 +353,7 @@ def _m008_search(db: Database) -> None:
     db["experiments"].add_column("prediction", str)
 
 
+@migration
 def _m009_truth(db: Database) -> None:
     """The flags of an experiment's config its engine does not model (a simulated engine's), kept so a verdict
     never calls an unmodelled change measured."""
@@ -341,6 +367,7 @@ def _m009_truth(db: Database) -> None:
     db["plan_changes"].create_index(["session_id"])
 
 
+@migration
 def _m011_usage(db: Database) -> None:
     """Each agent run's model requests, input and output tokens, and cost where it is known."""
     db["model_usage"].create(
@@ -362,6 +389,7 @@ def _m011_usage(db: Database) -> None:
     db["model_usage"].create_index(["session_id"])
 
 
+@migration
 def _m012_placement(db: Database) -> None:
     """Where an experiment's servers ran when an executor placed them (a Ray task): host, GPUs, the log there; per
     run, and the experiment's last."""
@@ -369,6 +397,7 @@ def _m012_placement(db: Database) -> None:
     db["bench_runs"].add_column("placement_json", str)
 
 
+@migration
 def _m013_investigations(db: Database) -> None:
     """Sub-agent investigations: the question, the tools the sub-agent read, its model's use and its report."""
     db["investigations"].create(
@@ -395,23 +424,7 @@ def _m013_investigations(db: Database) -> None:
     db["investigations"].create_index(["session_id"])
 
 
+@migration
 def _m014_capacity(db: Database) -> None:
     """A capacity search's bracket per benchmark run: the highest load that met the SLOs and the levels around it."""
     db["bench_runs"].add_column("capacity_json", str)
-
-
-MIGRATIONS: list[Migration] = [
-    ("001_initial", _m001_initial),
-    ("002_server_processes", _m002_server_processes),
-    ("003_server_identity", _m003_server_identity),
-    ("004_analysis", _m004_analysis),
-    ("005_telemetry_tokens", _m005_telemetry_tokens),
-    ("006_session_settings", _m006_session_settings),
-    ("007_combined_items", _m007_combined_items),
-    ("008_search", _m008_search),
-    ("009_truth", _m009_truth),
-    ("011_usage", _m011_usage),
-    ("012_placement", _m012_placement),
-    ("013_investigations", _m013_investigations),
-    ("014_capacity", _m014_capacity),
-]

@@ -1,5 +1,5 @@
 """`pivot chat`: the textual app. Handlers change state, workers run the agent and read the ledger, the widgets
-(agent/tui/widgets.py) present. The session, its steps and their cancel live in the ChatController."""
+(agent/tui/widgets/, one per module with its CSS) present. The session, its steps and their cancel live in the ChatController."""
 
 from __future__ import annotations
 
@@ -62,33 +62,8 @@ class PivotApp(App[None]):
     TITLE = "pivot"
     CSS = """
     #main { height: 1fr; }
-    #log { width: 1fr; padding: 0 1; }
-    #log Markdown { margin: 1 0 0 0; padding: 0 1; }
-    #log Markdown.user { background: $boost; border-left: thick $accent; }
-    #log Markdown.agent { border-left: thick $success; }
-    #log .tool { color: $text-muted; }
-    #log .tool.running { color: $text-warning; }
-    #log .notice { color: $text-primary; margin: 1 0 0 0; }
-    #log .warning { color: $text-warning; }
-    #log .error { color: $text-error; margin: 1 0 0 0; }
-    #side { width: 45%; max-width: 72; min-width: 36; border-left: solid $primary; padding: 0 1; }
-    #side.hidden { display: none; }
-    .heading { text-style: bold; color: $text-accent; margin: 1 0 0 0; }
-    #todos { height: auto; max-height: 50%; }
-    #experiments { height: auto; max-height: 1fr; }
-    PivotPanel { display: none; height: auto; max-height: 60%; border: round $warning; padding: 0 1; }
-    PivotPanel.open { display: block; }
-    PivotPanel .question { text-style: bold; margin: 0 0 1 0; }
-    PivotPanel Button.option { width: 1fr; height: auto; text-align: left; content-align: left middle; }
-    PivotPanel .hint { color: $text-muted; }
     #prompt.hidden { display: none; }
-    StatusLine { height: 1; background: $panel; padding: 0 1; }
-    StatusLine #state { width: auto; }
-    StatusLine #activity { width: 1fr; color: $text-muted; padding: 0 0 0 1; }
-    StatusLine #power { width: auto; color: $text-success; padding: 0 0 0 1; }
-    #picker { padding: 0 1; }
-    #picker DataTable { height: auto; max-height: 45%; }
-    """
+    """  # the rest is each widget's own (agent/tui/widgets/, agent/tui/screens/)
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "cancel_step", "Cancel step"),
         Binding("ctrl+r", "summary", "Summary"),

@@ -24,6 +24,7 @@ from agent.contracts import (
     Deployment,
     Diagnosis,
     Engine,
+    EngineOptions,
     FlagAudit,
     LedgerLink,
     LevelCallback,
@@ -212,6 +213,17 @@ class CancellableEngine:
     def gauges(self) -> Mapping[str, str]:
         return self.inner.gauges
 
+    @property
+    def Options(self) -> type[EngineOptions] | None:  # the protocol's name for the options model
+        return self.inner.Options
+
+    @property
+    def model_flags(self) -> Sequence[str]:
+        return self.inner.model_flags
+
+    def predictor(self, target: m.Target) -> Predictor | None:
+        return self.inner.predictor(target)
+
     def validate(self, config: m.ServerConfig) -> list[m.FlagIssue]:
         return self.inner.validate(config)
 
@@ -230,19 +242,18 @@ class CancellableEngine:
     def with_seed(self, seed: int) -> CancellableEngine:
         return CancellableEngine(self.inner.with_seed(seed), self._canceller)
 
-    @property
-    def model_flags(self) -> Sequence[str]:
-        return self.inner.model_flags
-
-    def predictor(self, target: m.Target) -> Predictor | None:
-        return self.inner.predictor(target)
-
     def launch(
-        self, config: m.ServerConfig, log_path: Path, *, ledger: LedgerLink | None = None, force: bool = False
+        self,
+        config: m.ServerConfig,
+        log_path: Path,
+        *,
+        ledger: LedgerLink | None = None,
+        force: bool = False,
+        issues: Sequence[m.FlagIssue] | None = None,
     ) -> CancellableDeployment:
         self._canceller.check()
         deployment = CancellableDeployment(
-            self.inner.launch(config, log_path, ledger=ledger, force=force), self._canceller
+            self.inner.launch(config, log_path, ledger=ledger, force=force, issues=issues), self._canceller
         )
         if not self._canceller.track(deployment):
             deployment.stop()

@@ -60,7 +60,8 @@ def run_settings(plan: m.Plan, *, demo: bool = False) -> m.SessionSettings:
     `agent.defaults` (the method's from `SessionSettings`), so the TUI never drifts from them."""
     from agent import defaults
 
-    return defaults.session_settings(plan.target, defaults.ENGINE, {}, defaults.DEMO_NOISE if demo else None, {})
+    engine = defaults.default_engine()
+    return defaults.session_settings(plan.target, engine, {}, defaults.demo()[1] if demo else None, {})
 
 
 class ChatController:
@@ -130,7 +131,7 @@ class ChatController:
         from agent.plans import load_plan
 
         self._require_none()
-        plan = load_plan(defaults.DEMO_PLAN if demo else plan_ref)
+        plan = load_plan(defaults.demo()[0] if demo else plan_ref)
         settings = run_settings(plan, demo=demo)
         model_name = defaults.default_model(model)
         self.session = Session.create(
@@ -138,7 +139,7 @@ class ChatController:
             self.paths,
             plan,
             name="demo" if demo else plan.name,
-            engine_name=defaults.ENGINE,
+            engine_name=defaults.default_engine(),
             model=model_name,
             settings=settings,
             engine=self._engine(),

@@ -92,9 +92,9 @@ def plan_claims(
     target = plan.target
     profiles = profiles or target_profiles(target)
     model, hw = profiles.model, profiles.hardware
-    base = target.base_config()
     if engine is None:
         engine = _plan_engine(target)
+    base = target.base_config(engine.model_flags) if engine is not None else target.base_config()
     lay = layout(base, engine=engine)
     roof = Roofline(model, hw, lay["tp"], lay["pp"], lay["ep"], flag_value(base, "--kv-cache-dtype"))
     ctx = PlanContext(plan, model, hw, base, engine, lay, roof, max(plan.workload.concurrency), experiments, kv_levels)

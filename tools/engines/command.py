@@ -10,20 +10,43 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
+from typing import ClassVar, Literal
+
+from pydantic import Field
 
 from agent import models as m
-from agent.contracts import LedgerLink
+from agent.contracts import EngineOptions, LedgerLink
 from agent.errors import PivotError
-from tools.engines.base import BaseEngine
+from tools.engines.base import BaseEngine, argv_option
 from tools.engines.http import HttpDeployment, start_deployment
 from tools.engines.process import (
     DEFAULT_STOP_GRACE_S,
     free_port,
     url_for,
 )
-from tools.engines.sglang import argv_option
+
+
+class CommandOptions(EngineOptions):
+    """The command engine's options (`-o key=value`)."""
+
+    command: str | list[str] | None = Field(None, description="The server's argv; {host} and {port} are filled in.")
+    name: str = Field("command", description="The engine's name in the ledger and in messages.")
+    base_url: str | None = Field(None, description="Where it answers (default http://host:port).")
+    health_url: str | None = Field(None, description="What answers 200 once it is ready (default base_url + path).")
+    health_path: str = Field("/health", description="The path of health_url under base_url.")
+    host: str = Field("127.0.0.1", description="The host for {host} and the base URL.")
+    port: int | None = Field(None, ge=1, le=65535, description="The port for {port} (default: a free one).")
+    env: dict[str, str] = Field(default_factory=dict, description="Added to the server's environment.")
+    cwd: str | None = Field(None, description="The server's working directory.")
+    ready_line: str | None = Field(None, description="A log line to wait for besides the health URL.")
+    ready_timeout_s: float = Field(600.0, gt=0, description="Seconds a launch may take to be ready.")
+    stop_grace_s: float = Field(DEFAULT_STOP_GRACE_S, ge=0, description="SIGTERM to SIGKILL.")
+    endpoint: Literal["completions", "chat"] = Field("completions", description="The OpenAI endpoint benchmarks use.")
+    backend: str = Field("openai", description="The load generator's backend.")
+    model: str | None = Field(None, description="The model name in OpenAI requests.")
+    owner_check: bool = Field(True, description="False when the command starts the server elsewhere (docker, ssh).")
 
 
 class CommandEngine(BaseEngine):
@@ -36,46 +59,28 @@ class CommandEngine(BaseEngine):
     """
 
     name = "command"
+    Options: ClassVar[type[EngineOptions] | None] = CommandOptions
 
-    def __init__(
-        self,
-        command: str | Sequence[str] | None = None,
-        *,
-        name: str = "command",
-        base_url: str | None = None,
-        health_url: str | None = None,
-        health_path: str = "/health",
-        host: str = "127.0.0.1",
-        port: int | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        ready_line: str | None = None,
-        ready_timeout_s: float = 600.0,
-        stop_grace_s: float = DEFAULT_STOP_GRACE_S,
-        endpoint: str = "completions",
-        backend: str = "openai",
-        model: str | None = None,
-        owner_check: bool = True,
-    ) -> None:
-        """Options: `command` the server's argv (a list, or a string split like a shell would, never run by one);
-        `base_url` where it answers (default http://host:port, with `{port}` in the command giving a free port);
-        `health_url` or `health_path` what answers 200 once ready; `ready_line` a log line to wait for as well;
-        `endpoint` completions or chat for SGLang-native workloads; `model` the name in OpenAI requests;
+    def __init__(self, command: str | Sequence[str] | None = None, **options: object) -> None:
+        """Options (CommandOptions): `command` the server's argv (a list, or a string split like a shell would,
+        never run by one); `base_url` where it answers (default http://host:port, with `{port}` in the command giving
+        a free port); `health_url` or `health_path` what answers 200 once ready; `ready_line` a log line to wait for
+        as well; `endpoint` completions or chat for SGLang-native workloads; `model` the name in OpenAI requests;
         `owner_check` false when the command starts the server elsewhere (docker run, ssh): without a ready line,
         /health then counts although this host cannot see that the socket on the port is the command's own."""
-        self.owner_check = owner_check
-        self.command = argv_option(command)
+        o = self.setup({**options, **({"command": command} if command is not None else {})})
+        assert isinstance(o, CommandOptions)
+        self.owner_check = o.owner_check
+        self.command = argv_option(o.command)
         if not self.command:
             raise PivotError(
                 "the command engine needs the server's command line",
-                hint='e.g. command="vllm serve MODEL --port {port}"',
+                hint='e.g. -o command="vllm serve MODEL --port {port}"',
             )
-        if endpoint not in ("completions", "chat"):
-            raise PivotError(f"endpoint must be completions or chat, not {endpoint!r}")
-        self.name, self.base_url, self.health_url, self.health_path = name, base_url, health_url, health_path
-        self.host, self.port, self.env, self.cwd = host, port, dict(env or {}), cwd
-        self.ready_line, self.ready_timeout_s, self.stop_grace_s = ready_line, ready_timeout_s, stop_grace_s
-        self.endpoint, self.backend, self.model = endpoint, backend, model
+        self.name, self.base_url, self.health_url, self.health_path = o.name, o.base_url, o.health_url, o.health_path
+        self.host, self.port, self.env, self.cwd = o.host, o.port, dict(o.env), o.cwd
+        self.ready_line, self.ready_timeout_s, self.stop_grace_s = o.ready_line, o.ready_timeout_s, o.stop_grace_s
+        self.endpoint, self.backend, self.model = o.endpoint, o.backend, o.model
 
     def not_modelled(self, config: m.ServerConfig) -> list[str]:
         """A real server: every flag's effect is what it measures."""
@@ -108,8 +113,8 @@ class CommandEngine(BaseEngine):
             )
         return tokens, url_for(self.host, port)
 
-    def launch(
-        self, config: m.ServerConfig, log_path: Path, *, ledger: LedgerLink | None = None, force: bool = False
+    def start(
+        self, config: m.ServerConfig, log_path: Path, *, ledger: LedgerLink | None, issues: list[m.FlagIssue]
     ) -> HttpDeployment:
         """Start the command with `config`'s flags, logging to `log_path` (recorded in `ledger`); returns before ready.
 
@@ -131,7 +136,7 @@ class CommandEngine(BaseEngine):
             backend=self.backend,
             endpoint=self.endpoint,
             model=self.model,
-            audit=self.validate(config),
+            audit=issues,
             power_limit_w=config.gpu_power_limit_w,
             gpu_count=self.parallelism(config).gpus,
         )

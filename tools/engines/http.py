@@ -66,15 +66,17 @@ def launch_in_session(
     engine: Engine | None = None,
     experiment_id: int | None = None,
     force: bool = False,
+    issues: Sequence[m.FlagIssue] | None = None,
 ) -> Deployment:
     """Launch `config` with the session's engine (or `engine`), logging under the session's state dir and, for
-    engines that launch processes, recording the server in the ledger. Returns before the server is ready."""
+    engines that launch processes, recording the server in the ledger. Returns before the server is ready.
+    `issues`: the engine's audit of `config` made already by the caller (the launch does not audit again)."""
     engine = engine or session.engine
     if engine is None:
         raise PivotError("this session has no engine to launch with", hint="open the session with an engine")
     log_path = server_log_path(session.paths, session.id, engine.name, experiment_id)
     ledger = LedgerLink(session.store, session.id, experiment_id, session.paths)
-    return engine.launch(config, log_path, ledger=ledger, force=force)
+    return engine.launch(config, log_path, ledger=ledger, force=force, issues=issues)
 
 
 def read_telemetry(deployment: HttpDeployment) -> m.Telemetry:

@@ -3,7 +3,7 @@
     engine = SGLangEngine()                                   # python -m sglang.launch_server ... --host 127.0.0.1 --port P
     engine = SGLangEngine(launcher="serve")                   # sglang serve ...
     engine = SGLangEngine(prefix=["docker", "exec", "sgl"])   # docker exec sgl python3 -m sglang.launch_server ...
-    engine = sim_http_engine(time_scale=50)                   # python -m agent.cli sim serve --time-scale 50 -- ...
+    engine = sim_http_engine(time_scale=50)                   # the twin behind it (tools/engines/sim/http_engine.py)
 
 Flags are audited against SGLang's catalog before launch: flags SGLang would refuse (unknown, ambiguous,
 invalid) stop the launch with FlagsRefused unless `force`, and then it is SGLang's own refusal that is
@@ -14,25 +14,19 @@ from __future__ import annotations
 
 import copy
 import re
-import shlex
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar, Literal
 
+from pydantic import Field
+
 from agent import models as m
-from agent.contracts import FlagAudit, LedgerLink, Predictor
-from agent.errors import PivotError
-from tools.engines.base import ServerEngine
-from tools.engines.catalog import CatalogError, FlagSpec
+from agent.contracts import EngineOptions, FlagAudit, Predictor
+from tools.engines.base import ServerEngine, argv_option
+from tools.engines.catalog import FlagSpec
 from tools.engines.failures import ARGPARSE_RULES, PORT_RULE, RUNTIME_RULES, FailureRule, not_installed_rule
-from tools.engines.http import HttpDeployment
-from tools.engines.process import (
-    DEFAULT_READY_TIMEOUT_S,
-    DEFAULT_STOP_GRACE_S,
-    FlagsRefused,
-    free_port,
-)
+from tools.engines.process import DEFAULT_READY_TIMEOUT_S, DEFAULT_STOP_GRACE_S, free_port
 
 VERSION = "0.5.23"
 DEFAULT_HOST = "127.0.0.1"  # SGLang itself binds 127.0.0.1 by default; a wider bind is the user's choice
@@ -76,13 +70,36 @@ FAILURE_RULES: tuple[FailureRule, ...] = (
 )
 
 
-def argv_option(value: str | Sequence[str] | None) -> list[str]:
-    """An argv list from an option given as a list, or as a string split like a shell would (never run by one)."""
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return shlex.split(value)
-    return [str(v) for v in value]
+ArgvOption = str | list[str] | None  # an argv given as a list, or as a string split like a shell would
+
+
+class SGLangOptions(EngineOptions):
+    """The sglang engine's options (`-o key=value`)."""
+
+    name: str = Field("sglang", description="The engine's name in the ledger and in messages.")
+    version: str = Field(VERSION, description="The SGLang version whose catalog audits the flags.")
+    launcher: Launcher = Field("launch_server", description="python -m sglang.launch_server, or sglang serve.")
+    python: str | None = Field(
+        None, description="The interpreter that has SGLang (default this one, python3 behind a prefix)."
+    )
+    prefix: ArgvOption = Field(None, description="An argv put in front: docker exec NAME, ssh host, env -u X.")
+    command: ArgvOption = Field(None, description="The whole launch command instead of launcher and python.")
+    env: dict[str, str] = Field(default_factory=dict, description="Added to the server's environment.")
+    host: str = Field(DEFAULT_HOST, description="Where it listens unless the flags say.")
+    port: int | None = Field(None, ge=1, le=65535, description="Its port unless the flags say (default: a free one).")
+    cwd: str | None = Field(None, description="The server's working directory.")
+    force: bool = Field(False, description="Launch even when the audit finds flags SGLang refuses.")
+    require_model: bool = Field(True, description="Refuse a command line that names no model.")
+    ready_timeout_s: float = Field(DEFAULT_READY_TIMEOUT_S, gt=0, description="Seconds a launch may take to be ready.")
+    stop_grace_s: float = Field(DEFAULT_STOP_GRACE_S, ge=0, description="SIGTERM to SIGKILL.")
+    health_path: str = Field("/health", description="What answers 200 once it serves.")
+    source: m.Source = Field("measured", description="What its numbers are: measured, or simulated (the twin).")
+    time_scale: float | None = Field(None, gt=0, description="Simulated seconds per wall second (the twin).")
+    warmup_pause_s: float = Field(1.0, ge=0, description="Pause after the warm-up requests before a level.")
+    auth_env: str | None = Field(
+        None, description="A variable whose value the benchmark sends as `Authorization: Bearer` (--api-key)."
+    )
+    twin: tuple[str, str, int] | None = Field(None, description="(model profile, hardware, GPUs) of the twin served.")
 
 
 class SGLangEngine(ServerEngine):
@@ -94,52 +111,31 @@ class SGLangEngine(ServerEngine):
     failure_rules = FAILURE_RULES
     parallel_dests: ClassVar[Mapping[str, str]] = {"tp": "tp_size", "pp": "pp_size", "ep": "ep_size", "dp": "dp_size"}
     dp_within_tp_dest: ClassVar[str | None] = "enable_dp_attention"  # DP attention: the DP ranks share the TP GPUs
+    Options: ClassVar[type[EngineOptions] | None] = SGLangOptions
 
-    def __init__(
-        self,
-        *,
-        name: str = "sglang",
-        version: str = VERSION,
-        launcher: Launcher = "launch_server",
-        python: str | None = None,
-        prefix: str | Sequence[str] | None = None,
-        command: str | Sequence[str] | None = None,
-        env: Mapping[str, str] | None = None,
-        host: str = DEFAULT_HOST,
-        port: int | None = None,
-        cwd: str | None = None,
-        force: bool = False,
-        require_model: bool = True,
-        ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
-        stop_grace_s: float = DEFAULT_STOP_GRACE_S,
-        health_path: str = "/health",
-        source: m.Source = "measured",
-        time_scale: float | None = None,
-        warmup_pause_s: float = 1.0,
-        auth_env: str | None = None,
-        twin: tuple[str, str, int] | None = None,
-    ) -> None:
-        """Options: `launcher` launch_server (default) or serve; `python` the interpreter that has SGLang (default
-        this one, or python3 behind a prefix); `prefix` an argv put in front (`docker exec NAME`, `ssh host`,
-        `env -u X`); `command` the whole launch command instead of launcher and python; `env` added to the
-        server's environment (behind `docker exec`, pass variables with the prefix's own -e); `host`/`port`
-        where it listens unless the flags say (default 127.0.0.1 and a free port); `force` launch even when the
-        audit finds flags SGLang refuses; `stop_grace_s` SIGTERM to SIGKILL; `auth_env` the name of an environment
-        variable whose value the benchmark sends as `Authorization: Bearer` (a server started with --api-key;
-        nothing is sent otherwise, and pivot's own model keys are never passed to the server)."""
-        if launcher not in ("launch_server", "serve"):
-            raise PivotError(f"unknown SGLang launcher {launcher!r}", hint="use launch_server or serve")
-        self.name, self.version, self.launcher = name, version, launcher
-        self.prefix = argv_option(prefix)
-        self.python = python or ("python3" if self.prefix else sys.executable)
-        self.command = argv_option(command) or None
-        self.env = dict(env or {})
-        self.host, self.port, self.cwd = host, port, cwd
-        self.force, self.require_model = force, require_model
-        self.ready_timeout_s, self.stop_grace_s, self.health_path = ready_timeout_s, stop_grace_s, health_path
-        self.source, self.time_scale, self.warmup_pause_s = source, time_scale, warmup_pause_s
-        self.auth_env = auth_env
-        self.twin = twin  # (model profile, hardware, GPUs) of the twin this engine serves (sim-http), else None
+    def __init__(self, **options: object) -> None:
+        """Options (SGLangOptions): `launcher` launch_server (default) or serve; `python` the interpreter that has
+        SGLang; `prefix` an argv put in front (`docker exec NAME`, `ssh host`); `command` the whole launch command;
+        `env` added to the server's environment (behind `docker exec`, pass variables with the prefix's own -e);
+        `host`/`port` where it listens unless the flags say; `force` launch even when the audit finds flags SGLang
+        refuses; `auth_env` the name of an environment variable whose value the benchmark sends as `Authorization:
+        Bearer` (nothing is sent otherwise, and pivot's own model keys are never passed to the server)."""
+        o = self.setup(options)
+        assert isinstance(o, SGLangOptions)
+        self._apply(o)
+
+    def _apply(self, o: SGLangOptions) -> None:
+        self.name, self.version, self.launcher = o.name, o.version, o.launcher
+        self.prefix = argv_option(o.prefix)
+        self.python = o.python or ("python3" if self.prefix else sys.executable)
+        self.command = argv_option(o.command) or None
+        self.env = dict(o.env)
+        self.host, self.port, self.cwd = o.host, o.port, o.cwd
+        self.force, self.require_model = o.force, o.require_model
+        self.ready_timeout_s, self.stop_grace_s, self.health_path = o.ready_timeout_s, o.stop_grace_s, o.health_path
+        self.source, self.time_scale, self.warmup_pause_s = o.source, o.time_scale, o.warmup_pause_s
+        self.auth_env = o.auth_env
+        self.twin = o.twin  # (model profile, hardware, GPUs) of the twin this engine serves (sim-http), else None
 
     def with_seed(self, seed: int) -> SGLangEngine:
         """A copy whose launch command draws its noise from `seed`, when the command takes one (the twin's
@@ -214,79 +210,18 @@ class SGLangEngine(ServerEngine):
         host, port, extra = self._address(config)
         return [*self.launch_command(), *config.argv(), *extra], host, port
 
-    def launch(
-        self,
-        config: m.ServerConfig,
-        log_path: Path,
-        *,
-        ledger: LedgerLink | None = None,
-        force: bool = False,
-    ) -> HttpDeployment:
-        """Audit `config`, then start the server logging to `log_path` (recorded in `ledger`); returns before ready.
-
-        Raises FlagsRefused when the audit finds flags SGLang would refuse, unless `force` (or the engine's own).
-        """
-        force = force or self.force
-        issues = self.validate(config)
-        blocking = [issue for issue in issues if issue.blocking]
-        if blocking and not force:
-            raise FlagsRefused(self.name, blocking)
-        if self.require_model and not force:
-            try:
-                self.catalog.parse(config.argv(), require_model=True)
-            except CatalogError as e:
-                raise PivotError(
-                    f"SGLang would refuse this command line: {e.message}", hint="give the model: --model-path PATH"
-                ) from e
-        return self.start(
-            config,
-            log_path,
-            ledger,
-            issues,
-            source=self.source,
-            backend="sglang",
-            warmup_pause_s=self.warmup_pause_s,
-            time_scale=self.time_scale,
-            auth_env=self.auth_env,
-        )
+    def deployment_options(self) -> dict[str, object]:
+        return {
+            "source": self.source,
+            "backend": "sglang",
+            "warmup_pause_s": self.warmup_pause_s,
+            "time_scale": self.time_scale,
+            "auth_env": self.auth_env,
+        }
 
 
-def sim_http_engine(
-    *,
-    model_profile: str = "glm-5-nvfp4",
-    hardware: str = "rtx-pro-6000-blackwell",
-    gpus: int = 8,
-    time_scale: float = 1.0,
-    startup_s: float = 2.0,
-    noise: float = 0.0,
-    seed: int = 0,
-    python: str | None = None,
-    **options: object,
-) -> SGLangEngine:
-    """The digital twin served over HTTP as a real process (`pivot sim serve`), driven exactly as SGLang is.
+def sim_http_engine(**options: object) -> SGLangEngine:
+    """The sim-http engine (tools/engines/sim/http_engine.py) with `options`."""
+    from tools.engines.sim.http_engine import SimHttpEngine
 
-    It is the sglang engine with its launch command set to `python -m agent.cli sim serve` and the twin's
-    options (profiles, GPUs, `time_scale` simulated seconds per wall second, `startup_s` of 503s before ready).
-    Every number it gives is simulated; latencies and throughputs are on the wall clock, `time_scale` times faster.
-    """
-    if time_scale <= 0:
-        raise PivotError("time_scale must be > 0")
-    command = [
-        python or sys.executable, "-m", "agent.cli", "sim", "serve",
-        "--model-profile", model_profile, "--hardware", hardware, "--gpus", str(gpus),
-        "--time-scale", repr(float(time_scale)), "--startup-s", repr(float(startup_s)),
-        "--noise", repr(float(noise)), "--seed", str(seed), "--",
-    ]  # fmt: skip
-    settings: dict[str, object] = {
-        "name": "sim-http",
-        "command": command,
-        "require_model": False,
-        "twin": (model_profile, hardware, int(gpus)),
-        "source": "simulated",
-        "time_scale": float(time_scale),
-        "warmup_pause_s": 1.0 / float(time_scale),
-        "stop_grace_s": 10.0,
-        "ready_timeout_s": float(startup_s) + 120.0,
-        **options,
-    }
-    return SGLangEngine(**settings)  # type: ignore[arg-type]
+    return SimHttpEngine(**options)

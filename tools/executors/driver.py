@@ -150,6 +150,7 @@ def _prepare(session: Session, e: m.Experiment, entries: dict[int, BatchEntry], 
             profile_dir=str(paths.session_state_dir(session.id) / "profiles"),
             objective=objective,
             capacity_start=start,
+            audit=tuple(issues),
         )
         for run in range(runs + 1, runs + n + 1)
     ]

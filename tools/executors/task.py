@@ -149,7 +149,7 @@ def _start(
 
     log.parent.mkdir(parents=True, exist_ok=True)
     try:
-        deployment = engine.launch(task.config, log, ledger=ledger)
+        deployment = engine.launch(task.config, log, ledger=ledger, issues=task.audit)
     except FlagsRefused as err:  # the engine's own audit disagreed with the driver's: recorded the same way
         return None, failed("refused", "unrecognized-argument", err.message)
     except PivotError as err:

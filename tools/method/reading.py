@@ -22,7 +22,9 @@ runs, with the reason and the numbers.
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
@@ -30,6 +32,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from agent import models as m
+from agent.contracts import load_engine
+from agent.errors import PivotError
 from agent.store import Store
 from agent.text import quote
 
@@ -197,6 +201,18 @@ class Method:
     def plan(self) -> m.Plan:
         return self.record.plan
 
+    @functools.cached_property
+    def model_flags(self) -> Sequence[str]:
+        """The flags that name the model in the session's engine's spelling (Engine.model_flags)."""
+        try:
+            return load_engine(self.record.engine, **self.settings.engine_options).model_flags
+        except PivotError:  # the engine is not installed here (a ledger read elsewhere): SGLang's spelling
+            return m.DEFAULT_MODEL_FLAGS
+
+    def base_config(self) -> m.ServerConfig:
+        """The plan's base flags with the model named in the engine's spelling (Target.base_config)."""
+        return self.plan.target.base_config(self.model_flags)
+
     def experiment(self, experiment_id: int | None) -> m.Experiment | None:
         return next((e for e in self.experiments if e.id == experiment_id), None)
 
@@ -260,7 +276,7 @@ class Method:
 
     def best_config(self) -> m.ServerConfig:
         best = self.best()
-        return best.config if best is not None else self.plan.target.base_config()
+        return best.config if best is not None else self.base_config()
 
     # ---- tiers, answers and items
 
@@ -349,7 +365,7 @@ class Method:
     def changed_flags(self, e: m.Experiment) -> list[str]:
         """The flags `e` changes against its base (else the plan's base flags), as typed."""
         base = self.experiment(e.base_experiment_id)
-        base_config = base.config if base is not None else self.plan.target.base_config()
+        base_config = base.config if base is not None else self.base_config()
         return [c.name for c in e.config.diff(base_config).flags]
 
     def unmodelled_change(self, e: m.Experiment) -> tuple[list[str], list[str]]:

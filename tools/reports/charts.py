@@ -13,13 +13,7 @@ import io
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-
-import matplotlib
-
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt
-from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+from typing import Any
 
 
 @dataclass
@@ -46,14 +40,24 @@ _MARKERS = ("^", "v", "D", "P", "<", ">", "*", "h", "p", "d")  # "X" marks a cra
 _LABEL_WIDTH = 95
 
 
+def _figure() -> tuple[Any, Any]:
+    """A figure and its axes, drawn by Agg. matplotlib is imported here, when a chart is drawn (not by every command
+    that imports the reports), and without pyplot: no global figure registry, so threads cannot share one."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9.0, 5.0))
+    return fig, fig.subplots()
+
+
 def _png(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
-    plt.close(fig)
     return buf.getvalue()
 
 
 def _levels_axis(ax, levels: Sequence[int]) -> None:
+    from matplotlib.ticker import FixedLocator, NullLocator
+
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(FixedLocator(sorted(levels)))
     ax.xaxis.set_minor_locator(NullLocator())
@@ -106,7 +110,7 @@ def line_figure(
     band: tuple[dict[int, float], float] | None = None,
 ):
     """The figure `line_chart` renders (tests read it)."""
-    fig, ax = plt.subplots(figsize=(9.0, 5.0))
+    fig, ax = _figure()
     levels: set[int] = set()
     top = 0.0
     if band is not None and band[0]:
@@ -181,7 +185,7 @@ def _place_tags(fig, ax, tags: list[tuple[float, float, str, str]]) -> None:
 
 def power_chart(series: Sequence[Series], *, title: str, limit_w: float | None, note: str = "") -> bytes:
     """Mean power per GPU at each level, grouped bars per experiment, with the power limit as a line."""
-    fig, ax = plt.subplots(figsize=(9.0, 5.0))
+    fig, ax = _figure()
     shown = [s for s in series if s.points]
     levels = sorted({c for s in shown for c in s.points})
     width = 0.8 / max(len(shown), 1)
@@ -240,7 +244,7 @@ def energy_chart(points: Sequence[EnergyPoint], *, title: str, level_note: str, 
 
 def energy_figure(points: Sequence[EnergyPoint], *, title: str, level_note: str, note: str = ""):
     """The figure `energy_chart` renders (tests read it)."""
-    fig, ax = plt.subplots(figsize=(9.0, 5.0))
+    fig, ax = _figure()
     front = pareto_front(points)
     if len(front) >= 2:
         ax.plot([p.j_per_tok for p in front], [p.tok_s for p in front], color="#2ca02c", linestyle="--",
@@ -282,7 +286,7 @@ def attainment_figure(
     series: Sequence[Series], *, title: str, target: float, xlabel: str, note: str = "", log_x: bool = True
 ):
     """The figure `attainment_chart` renders (tests read it)."""
-    fig, ax = plt.subplots(figsize=(9.0, 5.0))
+    fig, ax = _figure()
     ax.axhline(target * 100, color="#1f77b4", linestyle=":", linewidth=1.6, zorder=1,
                label=f"target: {target * 100:g}% of requests meet every SLO")  # fmt: skip
     tried = 0
@@ -303,6 +307,8 @@ def attainment_figure(
             ax.annotate(s.tag, (xs[-1], s.points[xs[-1]] * 100), xytext=(6, 0), textcoords="offset points",
                         fontsize=8, color=style["color"], va="center", fontweight="bold")  # fmt: skip
     if log_x:
+        from matplotlib.ticker import FuncFormatter
+
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
     ax.set_xlabel(xlabel + (" (log scale, base 2)" if log_x else ""))

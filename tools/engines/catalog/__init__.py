@@ -14,6 +14,8 @@ hand-written `annotations-<version>.toml`.
 
 from tools.engines.catalog.audit import audit, nearest_flag
 from tools.engines.catalog.catalog import (
+    BASIC_ARGTYPES,
+    ArgTypes,
     Catalog,
     CatalogError,
     CatalogParser,
@@ -29,6 +31,8 @@ from tools.engines.catalog.catalog import (
 )
 
 __all__ = [
+    "BASIC_ARGTYPES",
+    "ArgTypes",
     "Catalog",
     "CatalogError",
     "CatalogParser",

@@ -1,6 +1,7 @@
 """One engine version's command line as data, and the argparse parser built from it that fails in the engine's words.
 
-A catalog is loaded from `<engine>-<version>.json` beside this module (written by scripts/gen_catalog.py).
+A catalog is loaded from `<engine>-<version>.json` beside this module (written by scripts/gen_catalog.py), or from
+the package a plugin engine names (its own package data), with the types and actions that engine brings.
 Its parser is a real `argparse.ArgumentParser` with the engine's prog, actions in the engine's order,
 `allow_abbrev=True` and the engine's own type functions (argtypes.py for SGLang, vllm_argtypes.py for vLLM), so
 "unrecognized arguments",
@@ -20,17 +21,36 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
+from types import MappingProxyType
 from typing import Any, NoReturn
 
 from agent.errors import PivotError
 from tools.engines.catalog import argtypes, vllm_argtypes
 from tools.engines.catalog.argtypes import WARNINGS_ATTR
 
-# Each engine's argparse types and actions, by the names its catalog JSON uses.
-ARGTYPES: dict[str, tuple[Mapping[str, Any], Mapping[str, Any]]] = {
-    "sglang": (argtypes.TYPES, argtypes.ACTIONS),
-    "vllm": (vllm_argtypes.TYPES, vllm_argtypes.ACTIONS),
-}
+
+@dataclass(frozen=True, eq=False)
+class ArgTypes:
+    """An engine parser's types and actions by the names its catalog JSON uses: a type name maps to a callable
+    (None for switches), an action name to argparse's name for it ("store", "store_true", ...) or an Action class."""
+
+    types: Mapping[str, Callable[[str], Any] | None]
+    actions: Mapping[str, str | type[argparse.Action]]
+
+
+# What any catalog may name without bringing types of its own: argparse's basics.
+BASIC_ARGTYPES = ArgTypes(
+    types=MappingProxyType({"None": None, "str": str, "int": int, "float": float}),
+    actions=MappingProxyType({
+        "_StoreAction": "store", "_StoreTrueAction": "store_true", "_StoreFalseAction": "store_false",
+        "_AppendAction": "append", "_CountAction": "count", "BooleanOptionalAction": argparse.BooleanOptionalAction,
+    }),
+)  # fmt: skip
+# pivot's built-in catalogs' types and actions (read-only: a plugin engine brings its own ArgTypes instead).
+BUILTIN_ARGTYPES: Mapping[str, ArgTypes] = MappingProxyType({
+    "sglang": ArgTypes(argtypes.TYPES, argtypes.ACTIONS),
+    "vllm": ArgTypes(vllm_argtypes.TYPES, vllm_argtypes.ACTIONS),
+})  # fmt: skip
 
 _HELP_OPTS = ("-h", "--help")
 
@@ -262,7 +282,7 @@ class Catalog:
     `invalid_combinations` are lists. All of it is read-only data.
     """
 
-    def __init__(self, data: Mapping[str, Any]) -> None:
+    def __init__(self, data: Mapping[str, Any], argtypes: ArgTypes | None = None) -> None:
         self.engine: str = data["engine"]
         self.version: str = data["version"]
         self.name: str = data.get("name", self.engine)
@@ -287,7 +307,19 @@ class Catalog:
             for opt in spec.opts:
                 self._by_opt[opt] = spec
         self._parsers: dict[bool, CatalogParser] = {}
-        self.types, self.actions = ARGTYPES[self.engine]
+        kinds = argtypes or BUILTIN_ARGTYPES.get(self.engine, BASIC_ARGTYPES)
+        self.types, self.actions = kinds.types, kinds.actions
+        # the dest of the flag naming the model: required by the engine, optional for audits that need no model
+        self.model_dest: str = data.get("model_dest", "model_path")
+        unknown = sorted({s.type for s in self.flags} - set(self.types)) + sorted(
+            {s.action for s in self.flags} - set(self.actions)
+        )
+        if unknown:
+            raise PivotError(
+                f"the catalog of {self.name} {self.version} names types or actions its engine does not bring: "
+                + ", ".join(unknown),
+                hint="give the engine's CatalogEngine an `argtypes = ArgTypes(types, actions)` that names them",
+            )
         self.underscores: bool = bool(data.get("underscores", False))  # `--max_model_len` means `--max-model-len`
 
     @property
@@ -390,7 +422,7 @@ class Catalog:
             kwargs["choices"] = list(spec.choices)
         if spec.nargs != 0:
             kwargs["nargs"] = spec.nargs
-        if spec.required and (require_model or spec.dest != "model_path"):
+        if spec.required and (require_model or spec.dest != self.model_dest):
             kwargs["required"] = True
         note = self.deprecated.get(spec.name)
         if spec.action in ("DeprecatedStoreTrueAction", "DeprecatedStoreConstAction") and note is not None:
@@ -442,25 +474,39 @@ class Catalog:
         return "; ".join(f"{n.flag} is not in {self.title} (removed): {n.replacement}" for n in notes) or None
 
 
-def _catalog_files() -> resources.abc.Traversable:
-    return resources.files(__package__ or "tools.engines.catalog")
+def _catalog_files(package: str | None = None) -> resources.abc.Traversable:
+    try:
+        return resources.files(package or __package__ or "tools.engines.catalog")
+    except ModuleNotFoundError as e:
+        raise PivotError(f"no package {package!r} to read a catalog from", hint="name an installed package") from e
 
 
-def available_versions(engine: str = "sglang") -> list[str]:
-    """The versions of `engine` that have a shipped catalog, oldest first."""
+def available_versions(engine: str = "sglang", *, package: str | None = None) -> list[str]:
+    """The versions of `engine` that have a catalog in `package` (default pivot's own), oldest first."""
     prefix = f"{engine}-"
-    names = [p.name for p in _catalog_files().iterdir() if p.name.startswith(prefix) and p.name.endswith(".json")]
+    files = _catalog_files(package).iterdir()
+    names = [p.name for p in files if p.name.startswith(prefix) and p.name.endswith(".json")]
     return sorted((n[len(prefix) : -len(".json")] for n in names), key=_version_key)
 
 
-@functools.lru_cache(maxsize=8)
-def load_catalog(engine: str = "sglang", version: str = "0.5.23") -> Catalog:
-    """The shipped catalog of one engine version; PivotError (with the versions there are) if there is none."""
-    path = _catalog_files() / f"{engine}-{version}.json"
+@functools.lru_cache(maxsize=16)
+def load_catalog(
+    engine: str = "sglang", version: str = "0.5.23", *, package: str | None = None, argtypes: ArgTypes | None = None
+) -> Catalog:
+    """The catalog of one engine version, `<engine>-<version>.json` in `package` (default pivot's shipped ones),
+    parsed with `argtypes` (default: pivot's for its engines, else argparse's basics); PivotError (with the
+    versions there are) if there is none."""
+    path = _catalog_files(package) / f"{engine}-{version}.json"
     if not path.is_file():
-        versions = available_versions(engine)
+        versions = available_versions(engine, package=package)
         raise PivotError(
             f"no command-line catalog for {engine} {version}",
             hint=f"catalogs for {engine}: {', '.join(versions)}" if versions else f"no catalogs for {engine} at all",
         )
-    return Catalog(json.loads(path.read_text()))
+    try:
+        data = json.loads(path.read_text())
+        return Catalog(data, argtypes)
+    except PivotError:
+        raise
+    except (ValueError, KeyError, TypeError, SyntaxError) as e:
+        raise PivotError(f"the catalog {path} is not a catalog: {type(e).__name__}: {e}") from e

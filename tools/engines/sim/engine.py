@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from agent import models as m
-from agent.contracts import LedgerLink, LevelCallback, Predictor, ProgressCallback
+from agent.contracts import EngineOptions, LedgerLink, LevelCallback, Predictor, ProgressCallback
 from agent.errors import LaunchFailed, PivotError
 from tools.engines.base import CatalogEngine
 from tools.engines.catalog import CatalogError
 from tools.engines.sglang import FAILURE_RULES as SGLANG_FAILURE_RULES
+from tools.engines.sim.options import SimOptions
 from tools.engines.sim.predictor import twin_predictor
 from tools.engines.sim.scheduler import LevelSimulation, SimulationStopped
 from tools.engines.sim.twin import Twin, TwinStartupError, not_modelled_flags
@@ -168,21 +169,23 @@ class SimEngine(CatalogEngine):
     parallel_dests: ClassVar[Mapping[str, str]] = {"tp": "tp_size", "pp": "pp_size", "ep": "ep_size", "dp": "dp_size"}
     dp_within_tp_dest: ClassVar[str | None] = "enable_dp_attention"  # DP attention: the DP ranks share the TP GPUs
 
-    def __init__(
-        self,
-        model_profile: str = "glm-5-nvfp4",
-        hardware: str = "rtx-pro-6000-blackwell",
-        gpus: int = 8,
-        noise: float = 0.0,
-        seed: int | None = None,
-        **_: object,
-    ) -> None:
-        self.model_profile, self.hardware, self.gpus, self.noise = model_profile, hardware, gpus, noise
-        self.seed = seed
+    Options: ClassVar[type[EngineOptions] | None] = SimOptions
+    require_model = False  # the twin serves a model profile, not a model path
+
+    def __init__(self, *profile: object, **options: object) -> None:
+        """Options (SimOptions): `model_profile`, `hardware`, `gpus`, `noise`, `seed`, by name or in that order."""
+        names = list(SimOptions.model_fields)
+        if len(profile) > len(names):
+            raise TypeError(f"SimEngine takes at most {len(names)} options by position ({', '.join(names)})")
+        o = self.setup({**dict(zip(names, profile, strict=False)), **options})
+        assert isinstance(o, SimOptions)
+        self.model_profile, self.hardware, self.gpus, self.noise = o.model_profile, o.hardware, o.gpus, o.noise
+        self.seed = o.seed
 
     def with_seed(self, seed: int) -> SimEngine:
         """The same engine drawing its noise from `seed` (the agent seeds each experiment on its own)."""
-        return SimEngine(self.model_profile, self.hardware, self.gpus, self.noise, seed)
+        assert isinstance(self.options, SimOptions)
+        return SimEngine(**{**self.options.model_dump(), "seed": seed})
 
     def not_modelled(self, config: m.ServerConfig) -> list[str]:
         """The flags of `config` SGLang reads but the twin does not model: their effect is never simulated."""
@@ -192,11 +195,11 @@ class SimEngine(CatalogEngine):
         """The twin itself, noise-free, for this engine's profiles and GPUs."""
         return twin_predictor(self.model_profile, self.hardware, self.gpus)
 
-    def launch(
-        self, config: m.ServerConfig, log_path: Path, *, ledger: LedgerLink | None = None, force: bool = False
+    def start(
+        self, config: m.ServerConfig, log_path: Path, *, ledger: LedgerLink | None, issues: list[m.FlagIssue]
     ) -> SimDeployment:
         """Build the twin for `config`; SGLang's refusals and startup faults raise SimLaunchError (the twin parses
-        with SGLang's parser whatever `force` says; nothing is launched, so nothing is recorded in `ledger`)."""
+        with SGLang's parser, forced or not; nothing is launched, so nothing is recorded in `ledger`)."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
             twin = Twin.build(self.model_profile, self.hardware, self.gpus, config, VERSION)

@@ -1,4 +1,4 @@
-"""The picker (resume a session or start one from a plan) and the Markdown viewer of a status summary."""
+"""The picker: resume a session of the ledger, or start one on a shipped plan (or the demo)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, MarkdownViewer, Static
+from textual.widgets import DataTable, Footer, Header, Static
 
 from agent.tui.controller import PickerRows
 
@@ -20,6 +20,12 @@ DEMO_KEY = "demo:"
 
 class PickerScreen(Screen[Choice | None]):
     """Sessions in the ledger (Enter resumes one) and the shipped plans (Enter starts a session on the sim engine)."""
+
+    DEFAULT_CSS = """
+    PickerScreen #picker { padding: 0 1; }
+    PickerScreen .heading { text-style: bold; color: $text-accent; margin: 1 0 0 0; }
+    PickerScreen #picker DataTable { height: auto; max-height: 45%; }
+    """
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "dismiss_none", "Quit"),
@@ -66,25 +72,3 @@ class PickerScreen(Screen[Choice | None]):
 
     def action_dismiss_none(self) -> None:
         self.dismiss(None)
-
-
-class SummaryScreen(Screen[None]):
-    """A status summary in a Markdown viewer; Escape or q goes back."""
-
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape", "app.pop_screen", "Back"),
-        Binding("q", "app.pop_screen", "Back", show=False),
-    ]
-
-    def __init__(self, title: str, markdown: str) -> None:
-        super().__init__()
-        self.summary_title, self.markdown = title, markdown
-
-    def compose(self) -> ComposeResult:
-        yield Header()
-        yield MarkdownViewer(self.markdown, show_table_of_contents=False, open_links=False)
-        yield Footer()
-
-    def on_mount(self) -> None:
-        self.sub_title = self.summary_title
-        self.query_one(MarkdownViewer).focus()
