@@ -45,6 +45,12 @@ class Settings(BaseSettings):
     audit_engine: str = Field("sglang", min_length=1, description="The engine whose flags pivot audit-flags judges.")
     demo_plan: str = Field("glm5-nvfp4-rtxpro6000x8", min_length=1, description="The plan of pivot demo and pivot sim.")
     demo_noise: float = Field(0.015, ge=0, description="Run-to-run noise of the simulated engine in pivot demo.")
+    cache_dir: Path = Field(
+        Path("~/.cache/pivot"), description="What pivot can rebuild: dumps of an installed engine's parser, venvs."
+    )
+    vllm_python: str | None = Field(
+        None, description="The interpreter that has vLLM, when the vllm engine is given no python option."
+    )
     update_snapshots: bool = Field(False, description="Tests: rewrite the TUI's SVG snapshots (refused under CI).")
     ci: bool = Field(False, validation_alias="CI", description="Running in CI (CI=true): snapshots never rewrite.")
 

@@ -35,6 +35,7 @@ from pydantic import Field
 from agent import models as m
 from agent.contracts import EngineOptions, FlagAudit, LedgerLink, Parallelism
 from agent.errors import LaunchFailed, PivotError
+from agent.settings import settings
 from tools.engines.base import ServerEngine, argv_option
 from tools.engines.catalog import Catalog, FlagSpec, audit
 from tools.engines.catalog.vllm_live import LiveCatalog, VLLMInstall, live_catalog, nearest_catalog, probe
@@ -173,7 +174,7 @@ class VLLMEngine(ServerEngine):
         self.name, self.launcher = o.name, o.launcher
         self._version = str(o.version) if o.version is not None else None
         self.prefix = argv_option(o.prefix)
-        chosen = o.python or os.environ.get(PYTHON_ENV) or None
+        chosen = o.python or settings().vllm_python or None
         self._python = os.path.expanduser(chosen) if chosen else None
         self.python = self._python or ("python3" if self.prefix else sys.executable)
         self.command = argv_option(o.command) or None

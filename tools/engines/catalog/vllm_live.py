@@ -56,7 +56,9 @@ print(json.dumps(out))
 
 def cache_root() -> Path:
     """Where pivot keeps what it can rebuild: $PIVOT_CACHE_DIR, else ~/.cache/pivot."""
-    return Path(os.environ.get("PIVOT_CACHE_DIR") or Path.home() / ".cache" / "pivot").expanduser()
+    from agent.settings import settings
+
+    return settings().cache_dir.expanduser()
 
 
 @dataclass(frozen=True)
