@@ -25,7 +25,8 @@ from agent.settings import settings
 
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
 UPDATE_OPTION = "--snapshot-update"
-SETTLE_TRIES = 40  # screenshots 0.05 s apart until two in a row are the same
+SETTLE_TRIES = 100  # screenshots 0.05 s apart at most
+STABLE_FRAMES = 4  # ... until this many in a row are the same as the one before
 
 
 def screenshot(app: App) -> str:
@@ -36,15 +37,28 @@ def screenshot(app: App) -> str:
 
 
 async def settled(pilot: Pilot) -> str:
-    """The screen once it has stopped changing (layouts, tables' column widths and flushed logs all done)."""
-    last = screenshot(pilot.app)
+    """The screen once it has stopped changing (layouts, tables' column widths and flushed logs all done): the app's
+    queue drained and the same screenshot STABLE_FRAMES times in a row, so a loaded host that runs a deferred
+    refresh late (a table's column widths) still gets the finished screen."""
+    await pilot.wait_for_scheduled_animations()
+    last, same = screenshot(pilot.app), 0
     for _ in range(SETTLE_TRIES):
         await pilot.pause(0.05)
+        await pilot.pause()  # every message the app has queued is handled
         now = screenshot(pilot.app)
-        if now == last:
+        same = same + 1 if now == last and not _tables_pending(pilot.app) else 0
+        if same >= STABLE_FRAMES:
             return now
         last = now
     raise AssertionError("the screen kept changing: a snapshot of it would not be stable")
+
+
+def _tables_pending(app: App) -> bool:
+    """Whether a DataTable still owes its column widths (textual recomputes them on its next Idle event: on a loaded
+    host that comes late, and a screenshot before it shows the widths of the rows before the last ones)."""
+    from textual.widgets import DataTable
+
+    return any(t._require_update_dimensions or t._updated_cells for t in app.screen.query(DataTable))
 
 
 def updating(config: Any) -> bool:

@@ -31,16 +31,20 @@ class SidePanel(Vertical):
         yield Static("Experiments", classes="heading")
         yield DataTable(id="experiments", cursor_type="none", show_cursor=False)
 
-    def on_mount(self) -> None:
-        self.query_one("#todos", DataTable).add_columns("", "todo", "prio")
-        self.query_one("#experiments", DataTable).add_columns("#", "item", "verdict", "best tok/s", "change")
-
     def show(self, board: Board) -> None:
-        todos = self.query_one("#todos", DataTable)
-        todos.clear()
-        for t in board.todos:
-            todos.add_row(_text(t.mark), _text(t.content), _text(t.priority))
-        experiments = self.query_one("#experiments", DataTable)
-        experiments.clear()
-        for e in board.experiments:
-            experiments.add_row(*(_text(v) for v in (e.id, e.item, e.verdict, e.best, e.change)))
+        """The board's todos and experiments; the columns are as wide as their widest cell, set here rather than on
+        the table's next idle (which a loaded host runs late, leaving headers of the old widths)."""
+        todos = [(t.mark, t.content, t.priority) for t in board.todos]
+        _fill(self.query_one("#todos", DataTable), ("", "todo", "prio"), todos)
+        experiments = [(e.id, e.item, e.verdict, e.best, e.change) for e in board.experiments]
+        _fill(self.query_one("#experiments", DataTable), ("#", "item", "verdict", "best tok/s", "change"), experiments)
+
+
+def _fill(table: DataTable, headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    """Replace `table`'s columns and rows; each column as wide as its header or its widest cell."""
+    table.clear(columns=True)
+    for i, header in enumerate(headers):
+        width = max([Text(header).cell_len, *(Text(row[i]).cell_len for row in rows)])
+        table.add_column(header, width=width)
+    for row in rows:
+        table.add_row(*(_text(v) for v in row))
