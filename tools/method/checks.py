@@ -223,10 +223,16 @@ def _verdict(mv: Moves, args: dict[str, Any]) -> Refusal | None:
             if verdict in mv.verdicts[eid]:
                 return None
             j = mv.judgements.get(eid)
+            e = method.experiment(eid)
+            what = (
+                "the baseline: its numbers permit"
+                if e is not None and e.kind == "baseline"
+                else "judged by its numbers:"
+            )
             return _refuse(
                 mv,
                 "verdict",
-                f"experiment {eid} is {' or '.join(mv.verdicts[eid])} by its numbers, not {verdict}"
+                f"experiment {eid} is {what} {' or '.join(mv.verdicts[eid])}, not {verdict}"
                 + (f" ({j.text})" if j is not None else ""),
             )
         if eid in mv.reruns and mv.phase in ("baseline", "judge"):
@@ -257,10 +263,12 @@ def _verdict(mv: Moves, args: dict[str, Any]) -> Refusal | None:
             "without an experiment only ruled_out, not_measured or predicted can be recorded; launch and measure it first",
         )
     allowed = mv.settle.get(item)
-    why = (
-        f"item {item} can be recorded {' or '.join(allowed)} now, not {verdict}"
-        if allowed
-        else f"item {item} cannot be settled without a launch now (its flags pass the audit, the engine models them, "
-        "and the search does not predict it inside the noise band): launch it and measure"
+    because = {
+        "ruled_out": "its flags pass the audit (the engine refuses none of them, and reads them)",
+        "not_measured": "the engine models what it changes",
+        "predicted": "the search does not predict it inside the noise band on the best configuration",
+    }[str(verdict)]
+    why = f"item {item} cannot be recorded {verdict}: {because}; " + (
+        f"it can be recorded {' or '.join(allowed)} now" if allowed else "launch it and measure it"
     )
     return _refuse(mv, "verdict", why)

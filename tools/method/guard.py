@@ -50,8 +50,6 @@ def _check_step(moves: Moves, session: Session, tool: str, args: Args) -> str | 
         )
     if tool != "run_experiments":
         return None
-    if settings.executor is None:
-        return "this session has no executor (pivot run --ray): launch_server runs its servers here"
     members = [dict(x) for x in (args.get("experiments") or []) if isinstance(x, dict)]
     parallel = settings.parallel
     runs = sum(max(int(x.get("runs") or 1), 1) for x in members)
@@ -270,8 +268,6 @@ def _restrict(tool_def: Any, moves: Moves, executor: bool) -> Any:
             props.pop("flags", None)
         props.pop("remove_flags", None)
     elif name == "run_experiments":
-        if not executor:
-            return _closed(tool_def, moves, "this session has no executor: launch_server runs its servers here")
         if not moves.launches:
             return _closed(tool_def, moves, moves.why or "no launch is among the moves")
     elif name == "record_verdict":
