@@ -2,10 +2,11 @@
 
 Each item of a `Formula` is one flag with an effect: a factor on output tok/s (helps or hurts), an interaction
 with another item (a factor that applies only when both are set), a crash under load at the top level, a failure
-at startup, a flag the engine refuses (its audit blocks it), or a no-op (accepted, read nowhere). The engine offers the same formula as its Predictor (the contract allows it: a predictor only
-has to foresee a configuration's level without a launch), so the search is exact on it, and runs in process like
-the `sim` engine, in no time, with optional multiplicative noise drawn from the experiment's seed. A workload of its
-own (longer prompts) scales every configuration alike.
+at startup, a flag the engine refuses (its audit blocks it), or a no-op (accepted, read nowhere). The engine offers
+the same formula as its Predictor (the contract allows it: a predictor only has to foresee a configuration's level
+without a launch), so the search is exact on it, and runs in process like the `sim` engine, in no time, with
+optional multiplicative noise drawn from the experiment's seed. A workload of its own (longer prompts) scales every
+configuration alike.
 """
 
 from __future__ import annotations
