@@ -65,7 +65,8 @@ class Autopilot(Steps):
             raise AutopilotRefused(f"the method refused the autopilot's call: {refused[0][:400]}")
         last = _last_returns(messages)
         call = self.next_call(last)
-        if call.tool == "record_verdict" and last.get("record_verdict", ({}, None))[0] == call.args:
+        prev = last.get("record_verdict")
+        if call.tool == "record_verdict" and prev is not None and prev[0] == call.args and isinstance(prev[1], dict):
             raise AutopilotRefused(f"the same verdict twice in a row changed nothing: {call.args}")
         if call.tool is None:
             return ModelResponse(parts=[TextPart(call.text)])
