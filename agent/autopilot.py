@@ -1,58 +1,57 @@
 """The autopilot: pivot's built-in offline model, a deterministic policy behind pydantic-ai's FunctionModel.
 
-Each time the agent asks it for a response, it reads the plan and the ledger (never the conversation, except to
-pair two calls it makes back to back: an audit and the launch it clears, a status summary and the question it
-ends with; after a resume it simply makes the first call again) and answers with the one tool call that comes
-next in the method:
+Each time the agent asks it for a response, it reads the method's moves (tools/method/moves.py: everything that may
+happen next, computed from the plan, the ledger and the answers; never the conversation, except to pair two calls
+it makes back to back: an audit and the launch it clears, a status summary and the question it ends with) and
+answers with the one tool call that comes next:
 
 1. the todo list, kept in step with the ledger;
-2. an improvement document for every plan item, before the first experiment (and again after each verdict);
-3. the baseline with the plan's base flags on the plan's workload, run twice: the spread between the runs is the
-   measured noise;
-4. the search's next step in the opened tiers (tools/search.py: a candidate predicted by the twin beyond the noise
-   band, alone, combined with the items it interacts with, or retested on a new best; an item predicted inside the
-   band recorded as `predicted`; a no-op item ruled out), then the rest in plan order (requested items, profiles,
-   items on their own workload, everything with the search off), one change at a time on the best configuration:
-   audit first (a flag the engine refuses is ruled out without a launch), launch, benchmark, verdict by the method
-   (tools/method.py: rerun a gain inside the noise band, adopt only beyond it on two runs), stop; a profile item profiles the
-   best configuration; a code item is documented for the user; an item with its own workload gets its own
-   baseline on it;
-5. a pivot (status summary, then ask_user) after each tier, after `stall_after` measured changes in a row without
-   gain, and after a crash of a promising item (one the plan expects to gain at least twice the noise floor).
+2. a server still up: benchmark it, profile it when its item asks for that, else stop it;
+3. an improvement document for every plan item, before the first experiment;
+4. the verdict (or the rerun) the moves permit for each measured experiment;
+5. documents whose item changed since they were written (the ledger says which);
+6. the pivot the moves owe (an analysis of the best first, a status summary, then ask_user with the questions of
+   agent/questions.py);
+7. the baseline, run until its runs measure the noise;
+8. the first of the moves' steps: what was asked for at a pivot, then the search's steps (a candidate predicted
+   beyond the noise band, alone, combined, retested on a new best, or a revert; an item settled without a launch),
+   then the plan's order: audit first, launch, benchmark, verdict, stop;
+9. nothing left: the final summary, once, then the end.
 
-Answers are read from the ledger's pivots, in order: an option's number, a plan item's id or words of its title
-(that item is tested next), "continue" (the rest of the tier, or the next tier when the tier is done) and "stop"
-(the final summary). Anything else is asked again, with what the autopilot understands. Nothing in this module
-knows any particular plan.
+It only ever calls what the moves contain. A call the method refuses is a bug of the autopilot, not something to
+retry: it raises AutopilotRefused, and the loop leaves the session resumable with a crash report. Nothing in this
+module knows any particular plan.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
-from datetime import datetime
 from typing import Any
 
 from pydantic_ai import ModelResponse, TextPart, ToolCallPart
-from pydantic_ai.messages import ModelMessage, ModelRequest, ToolReturnPart
+from pydantic_ai.messages import ModelMessage, ModelRequest, RetryPromptPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from agent import models as m
+from agent.questions import question
 from agent.session import Session
 from agent.steps import Call, Steps
 from tools import reports, search
-from tools.experiments import unmeasurable_item
-from tools.method import Decision, Method, baseline_runs_needed, not_measured_text, understood
+from tools.method import Method, Moves
+from tools.method.moves import profiled
 
-PROMISING_FACTOR = 2.0  # a plan item is promising when it expects at least this times the noise floor
+
+class AutopilotRefused(RuntimeError):
+    """The method refused a call the autopilot made: the autopilot chose something that is not among the moves."""
 
 
 class Autopilot(Steps):
-    """The method as a deterministic policy over a session's ledger (see the module docstring)."""
+    """The method as a deterministic policy over a session's moves (see the module docstring)."""
 
     def __init__(self, session: Session) -> None:
         self.session = session
+        self._doc_keys: dict[str, tuple] = {}  # item -> what its document was last checked against
 
     @property
     def model(self) -> FunctionModel:
@@ -61,7 +60,14 @@ class Autopilot(Steps):
     # ---- the model interface
 
     def respond(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        call = self.next_call(_last_returns(messages))
+        refused = _refusals(messages)
+        if refused:
+            raise AutopilotRefused(f"the method refused the autopilot's call: {refused[0][:400]}")
+        last = _last_returns(messages)
+        call = self.next_call(last)
+        prev = last.get("record_verdict")
+        if call.tool == "record_verdict" and prev is not None and prev[0] == call.args and isinstance(prev[1], dict):
+            raise AutopilotRefused(f"the same verdict twice in a row changed nothing: {call.args}")
         if call.tool is None:
             return ModelResponse(parts=[TextPart(call.text)])
         tool_call_id = (
@@ -75,157 +81,114 @@ class Autopilot(Steps):
     # ---- the policy
 
     def next_call(self, last: dict[str, tuple[dict[str, Any], Any]] | None = None) -> Call:
-        """The next step, from the ledger (`last`: the previous response's tool calls and their results). With an
+        """The next step, from the moves (`last`: the previous response's tool calls and their results). With an
         executor (`pivot run --ray`), every launch is a step of run_experiments: its servers run where the executor
         puts them, never in this process."""
-        call = self._next_call(last or {})
+        moves = Moves.of(self.session)
+        call = self.call_for(moves, last or {})
         if self.session.settings.executor is not None and call.tool == "launch_server":
-            return Call("run_experiments", {"experiments": [{**call.args, "runs": self.runs_at_once(call.args)}]})
+            return Call(
+                "run_experiments", {"experiments": [{**call.args, "runs": self.runs_at_once(call.args, moves)}]}
+            )
         return call
 
-    def _next_call(self, last: dict[str, tuple[dict[str, Any], Any]]) -> Call:
+    def call_for(self, moves: Moves, last: dict[str, tuple[dict[str, Any], Any]]) -> Call:
         s = self.session
-        store = s.store
-        method = Method.read(store, s.id)
+        method = moves.method
         plan = method.plan
-        ledger = reports.Ledger.read(store, s.id)
-        decision = method.decision()
+        ledger = reports.Ledger.read(s.store, s.id)
 
-        # 1. the todo list
-        todos = self.todos(method, ledger, decision)
-        if [(t.content, t.status) for t in store.todos(s.id)] != [(t.content, t.status) for t in todos]:
+        if moves.phase == "asked":  # a question waits for the user (a resume gives the answer first)
+            return Call(None, text=f"Waiting for the answer: {moves.why}.")
+        todos = self.todos(moves, ledger)  # 1. the todo list
+        if [(t.content, t.status) for t in s.store.todos(s.id)] != [(t.content, t.status) for t in todos]:
             return Call("todo_write", {"todos": [t.model_dump(exclude={"id"}) for t in todos]})
-
-        # 2. a server still up for a measured experiment: profile it if its item asks for that, else stop it
-        live = s.live
+        live = s.live  # 2. a server still up
         if live is not None:
             e = method.experiment(live.experiment_id)
             if e is not None and method.run_count(e) > live.runs_at_start:
                 item = plan.item(e.plan_item) if e.plan_item in plan.item_ids() else None
-                if item is not None and item.kind == "profile" and not self._profiled(e):
+                if item is not None and item.kind == "profile" and not profiled(method, e):
                     return Call("profile")
                 return Call("stop_server")
             if e is not None and e.status == "running":
                 return Call("run_benchmark")
             return Call("stop_server")
-
-        # 3. documents for the whole plan before the first experiment
-        missing = [
-            it
-            for it in plan.items
-            if not any(d.plan_item == it.id for d in ledger.documents if d.kind == "improvement")
-        ]
-        if missing:
-            return Call("write_improvement_doc", {"plan_item": missing[0].id})
-
-        # 4. experiments measured but not judged
-        call = self.judge_step(method)
+        if moves.phase == "documents":  # 3. documents before the first experiment
+            written = {d.plan_item for d in ledger.documents if d.kind == "improvement"}
+            return Call("write_improvement_doc", {"plan_item": next(i for i in plan.item_ids() if i not in written)})
+        call = self.judge_step(moves)  # 4. verdicts and the reruns they wait for
         if call is not None:
             return call
+        stale = self.stale_doc(ledger, last)  # 5. documents out of date with the ledger
+        if stale is not None:
+            return Call("write_improvement_doc", {"plan_item": stale})
+        if moves.pivot is not None:  # 6. the pivot owed
+            return self.pivot(moves, ledger, last)
+        if moves.phase == "baseline":  # 7. the baseline
+            if moves.baseline:
+                return self.audited(last, None, Call("launch_server", {"baseline": True}))
+            return Call("launch_server", {"experiment_id": min(moves.reruns)})
+        if moves.steps:  # 8. the first step
+            return self.take(moves, moves.steps[0], last)
+        return self.finish(moves, ledger, last)  # 9. the end
 
-        # 5. documents out of date with the ledger
-        for item in plan.items:
-            if self._stale(ledger, item):
-                return Call("write_improvement_doc", {"plan_item": item.id})
+    # ---- documents
 
-        # 6. the baseline
-        base = method.baseline()
-        if base is None or method.run_count(base) == 0:
-            if base is not None and base.status == "failed" and base.verdict is not None:
-                if decision.stopped_at is not None:
-                    return self.finish(method, ledger, decision, last)
-                asked = [p for p in ledger.pivots if p.asked_at > (base.finished_at or base.created_at)]
-                if not (asked and asked[-1].answer is not None):  # asked and answered: try again
-                    return self.pivot(method, ledger, decision, kind="baseline", last=last)
-            return self.audited(last, None, Call("launch_server", {"baseline": True}))
+    def stale_doc(self, ledger: reports.Ledger, last: dict[str, tuple[dict[str, Any], Any]]) -> str | None:
+        """The first item whose document no longer says what the ledger does. Only items whose experiments or
+        plan checks changed since they were last checked are rendered again; a document kept by hand counts as
+        written (pivot writes its version beside it once), and an item written by the previous step is not
+        written again."""
+        just = (last.get("write_improvement_doc") or ({},))[0].get("plan_item")
+        for item in ledger.plan.items:
+            key = self._doc_key(ledger, item)
+            if self._doc_keys.get(item.id) == key or item.id == just:
+                self._doc_keys[item.id] = key
+                continue
+            docs = [d for d in ledger.documents if d.kind == "improvement" and d.plan_item == item.id]
+            newest = max(docs, key=lambda d: (d.updated_at, d.id or 0), default=None)
+            text, _, _ = reports.render_improvement(ledger, item)
+            if newest is not None and hashlib.sha256(text.encode("utf-8")).hexdigest() == newest.sha256:
+                self._doc_keys[item.id] = key
+                continue
+            return item.id
+        return None
 
-        # 7. a pivot that is due
-        step = self.search_step(method, decision)
-        due = self.due(method, ledger, decision, step)
-        if due is not None:
-            return self.pivot(method, ledger, decision, kind=due, last=last)
+    def _doc_key(self, ledger: reports.Ledger, item: m.PlanItem) -> tuple:
+        exps = tuple(
+            (e.id, e.status, e.verdict, e.reason, ledger.runs.get(e.id or 0, 0), tuple(e.audit))
+            for e in ledger.experiments
+            if item.id in e.plan_items or item.id in e.reverts
+        )
+        claims = tuple(f.text for f in ledger.findings if f.kind == "claim" and f.plan_item == item.id)
+        return exps, claims, ledger.record.plan.model_dump_json()
 
-        # 8. the search's next step in the opened tiers (tools/search.py), else the next item in plan order
-        if step is not None:
-            return self.take(method, step, last)
-        item = method.next_item(decision)
-        if item is not None:
-            return self.work_on(method, item, last, decision)
-
-        # 9. nothing left: the final summary, once, then the end
-        return self.finish(method, ledger, decision, last)
-
-    # ---- item state
-
-    def _profiled(self, e: m.Experiment) -> bool:
-        findings = self.session.store.findings(self.session.id, experiment_id=e.id, kind="evidence")
-        return any(k.startswith("profile_") for f in findings for k in f.values)
-
-    def _stale(self, ledger: reports.Ledger, item: m.PlanItem) -> bool:
-        doc = next((d for d in ledger.documents if d.kind == "improvement" and d.plan_item == item.id), None)
-        if doc is None:
-            return True
-        text, _, _ = reports.render_improvement(ledger, item)
-        return hashlib.sha256(text.encode("utf-8")).hexdigest() != doc.sha256
-
-    # ---- the search
-
-    def search_step(self, method: Method, d: Decision) -> search.Step | None:
-        """The search's next step (None with the search off, or when it has nothing to propose)."""
-        return search.next_step(method, d, self._validate)
+    # ---- the steps
 
     def _validate(self, config: m.ServerConfig) -> list[m.FlagIssue]:
         return self.session.engine_for(self.session.settings.seed).validate(config)
 
-    def take(self, method: Method, step: search.Step, last: dict[str, tuple[dict[str, Any], Any]]) -> Call:
+    def take(self, moves: Moves, step: search.Step, last: dict[str, tuple[dict[str, Any], Any]]) -> Call:
         parallel = self.session.settings.parallel
         if step.action == "launch" and parallel > 1 and self.session.settings.executor is not None:
-            return self.take_many(method, step, last, parallel)
-        return self.take_one(method, step, last)
+            return self.take_many(moves, step, last, parallel)
+        return self.take_one(moves, step, last)
 
-    def take_one(self, method: Method, step: search.Step, last: dict[str, tuple[dict[str, Any], Any]]) -> Call:
-        if step.action == "rule_out":
-            return Call("record_verdict", {"plan_item": step.items[0], "verdict": "ruled_out", "reason": step.reason})
-        if step.action == "predicted":
-            return Call("record_verdict", {"plan_item": step.items[0], "verdict": "predicted", "reason": step.reason})
-        if len(step.items) == 1 and (unmeasured := self.unmeasured(method, step.items[0])) is not None:
-            return unmeasured
-        args: dict[str, Any] = {"plan_items": list(step.items)} if len(step.items) > 1 else {"plan_item": step.items[0]}
+    def take_one(self, moves: Moves, step: search.Step, last: dict[str, tuple[dict[str, Any], Any]]) -> Call:
+        if step.action != "launch":
+            return Call("record_verdict", {"plan_item": step.items[0], "verdict": step.action, "reason": step.reason})
+        args = step.launch_args()
         launch = Call("launch_server", {**args, "hypothesis": step.reason})
-        return self.audited(last, args, launch)
+        profile = len(step.items) == 1 and moves.method.plan.item(step.items[0]).kind == "profile"
+        if step.baseline or profile or step.experiment_id is not None:
+            return launch  # a workload's baseline, a profile of the best and a rerun run what was audited before
+        return self.audited(last, {k: v for k, v in args.items() if k != "baseline"}, launch)
 
-    def requested_args(self, method: Method, d: Decision, item: m.PlanItem) -> dict[str, Any]:
-        """How the user asked for `item` at a pivot: a combined step ("test 05+06 together"), a bounded retry
-        ("retry 07 with --max-running-requests 512"), else the item alone."""
-        since = next((t for i, t in d.requested if i == item.id), None)
-        if since is None:
-            return {"plan_item": item.id}
-        for p in method.pivots:
-            if p.answer is None or (p.answered_at or p.asked_at) != since:
-                continue
-            text = p.answer.strip()
-            numbered = re.fullmatch(r"\d+", text) and p.options and 1 <= int(text) <= len(p.options)
-            if numbered and text not in method.plan.item_ids():
-                text = p.options[int(text) - 1]
-            combined = re.match(r"test (\d{2,3}(?:\+\d{2,3})+) together", text)
-            if combined:
-                ids = [i for i in combined.group(1).split("+") if i in method.plan.item_ids()]
-                if item.id in ids and len(ids) > 1:
-                    return {"plan_items": ids}
-            retry = re.match(r"retry (\d{2,3}) .*?(--max-running-requests \d+)", text)
-            if retry and retry.group(1) == item.id:
-                return {"plan_item": item.id, "flags": retry.group(2)}
-        return {"plan_item": item.id}
-
-    # ---- working on one item
-
-    def audited(
-        self, last: dict[str, tuple[dict[str, Any], Any]], plan_item: str | dict[str, Any] | None, launch: Call
-    ) -> Call:
+    def audited(self, last: dict[str, tuple[dict[str, Any], Any]], key: dict[str, Any] | None, launch: Call) -> Call:
         """Audit before launching: the launch follows an audit of the same command line that would start.
-        `plan_item`: the item, or the launch's item arguments (plan_item / plan_items / flags)."""
-        key = plan_item if isinstance(plan_item, dict) else ({"plan_item": plan_item} if plan_item else {})
-        plan_item = key.get("plan_item") or (key.get("plan_items") or [None])[0]
+        `key`: the launch's item arguments (plan_item / plan_items / flags / revert_items), None for the baseline."""
+        key = key or {}
         prev = last.get("audit_flags")
         if (
             prev is not None
@@ -236,6 +199,7 @@ class Autopilot(Steps):
                 return launch
             issues = [i for i in prev[1].get("issues", []) if i.get("status") in m.BLOCKING_FLAG_STATUSES]
             why = "; ".join(f"{i['flag']}: {i.get('message') or i['status']}" for i in issues)
+            plan_item = key.get("plan_item") or (key.get("plan_items") or [None])[0]
             if plan_item is None:
                 return Call(None, text=f"The plan's base flags would not start: {why}. Fix the plan and resume.")
             return Call(
@@ -244,74 +208,30 @@ class Autopilot(Steps):
             )
         return Call("audit_flags", key)
 
-    def work_on(
-        self,
-        method: Method,
-        item: m.PlanItem,
-        last: dict[str, tuple[dict[str, Any], Any]],
-        d: Decision | None = None,
-    ) -> Call:
-        workload = item.workload_for(method.plan.workload)
-        if item.workload and method.baseline(workload) is None:
-            return Call("launch_server", {"baseline": True, "plan_item": item.id})
-        if item.kind == "workload" and item.flags is None and not item.remove_flags:
-            return Call("launch_server", {"baseline": True, "plan_item": item.id})
-        if item.kind == "profile":
-            return Call("launch_server", {"plan_item": item.id, "hypothesis": item.hypothesis})
-        unmeasured = self.unmeasured(method, item.id)
-        if unmeasured is not None:
-            return unmeasured
-        args = self.requested_args(method, d, item) if d is not None else {"plan_item": item.id}
-        return self.audited(last, args, Call("launch_server", args))
-
-    def unmeasured(self, method: Method, item_id: str) -> Call | None:
-        """The not_measured verdict of an item the engine cannot measure (a simulated engine that models none of the
-        flags it changes): no launch is spent on it. None when the engine can measure it."""
-        unmeasurable = unmeasurable_item(self.session, method, item_id)
-        if unmeasurable is None:
-            return None
-        flags = method.unmodelled_change(unmeasurable)[1]
-        return Call(
-            "record_verdict", {"plan_item": item_id, "verdict": "not_measured", "reason": not_measured_text(flags)}
-        )
-
-    def judge(self, method: Method, e: m.Experiment) -> Call | None:
-        """The verdict step for a measured experiment (or its rerun)."""
-        j = method.judge(e)
-        plan = method.plan
-        item = plan.item(e.plan_item) if e.plan_item in plan.item_ids() else None
-        if j.suggestion == "pending":
-            return None
-        if e.kind == "baseline":
-            if j.suggestion == "baseline":
-                if method.run_count(e) < baseline_runs_needed(method):
-                    return Call("launch_server", {"experiment_id": e.id})  # a second run measures the noise
-                return Call("record_verdict", {"experiment_id": e.id, "verdict": "baseline", "reason": j.text})
-            return Call("record_verdict", {"experiment_id": e.id, "verdict": "crashed", "reason": j.text})
-        if item is not None and item.kind == "profile" and j.suggestion not in ("crashed", "ruled_out"):
-            if not self._profiled(e):
-                return Call("launch_server", {"experiment_id": e.id})  # profile needs the server up under load
-            shares = self._profile_text(e)
+    def verdict_call(self, moves: Moves, e: m.Experiment) -> Call:
+        """The verdict the moves permit for a measured experiment, with the judgement's words as its reason."""
+        method = moves.method
+        j = moves.judgements[e.id or 0]
+        verdict = moves.verdicts[e.id or 0][0]
+        if verdict == "measured":
             return Call(
                 "record_verdict",
                 {
                     "experiment_id": e.id,
-                    "verdict": "measured",
-                    "reason": f"profile of the best configuration: {shares}",
+                    "verdict": verdict,
+                    "reason": f"profile of the best configuration: {self._profile_text(e)}",
                 },
             )
-        if j.suggestion == "rerun":
-            return Call("launch_server", {"experiment_id": e.id})
         reason = j.text
-        if j.suggestion == "crashed" and e.failure and e.failure not in reason:
+        if verdict == "crashed" and e.failure and e.failure not in reason:
             reason += f" ({e.failure})"
-        if j.suggestion == "crashed":
+        if verdict == "crashed":
             first = [lv for r in method.runs.get(e.id or 0, []) for lv in r.levels if lv.failed > 0]
             if first:  # the first level that failed says why; later ones only find the server gone
                 lv = min(first, key=lambda x: x.max_concurrency or 0)
                 if lv.errors:
                     reason += f": {max(lv.errors.items(), key=lambda kv: kv[1])[0][:200]}"
-        return Call("record_verdict", {"experiment_id": e.id, "verdict": j.suggestion, "reason": reason})
+        return Call("record_verdict", {"experiment_id": e.id, "verdict": verdict, "reason": reason})
 
     def _profile_text(self, e: m.Experiment) -> str:
         for f in self.session.store.findings(self.session.id, experiment_id=e.id, kind="evidence"):
@@ -325,206 +245,18 @@ class Autopilot(Steps):
                 return ", ".join(f"{k.replace('_', ' ')} {v:.0f}%" for k, v in parts) + f" (experiment {e.id})"
         return f"recorded with experiment {e.id}"
 
-    # ---- pivots
+    # ---- pivots and the end
 
-    def _last_pivot_at(self, ledger: reports.Ledger) -> datetime | None:
-        return ledger.pivots[-1].asked_at if ledger.pivots else None
-
-    def _since(self, method: Method, at: datetime | None) -> list[m.Experiment]:
-        """Experiments judged after `at` (all, without a pivot yet), in order."""
-        return [
-            e
-            for e in method.experiments
-            if e.verdict is not None and (at is None or (e.finished_at or e.created_at) > at)
-        ]
-
-    def promising(self, method: Method, item: m.PlanItem | None) -> bool:
-        if item is None:
-            return False
-        exp = reports.parse_expectation(item.expected_impact)
-        return exp is not None and exp.midpoint_pct >= PROMISING_FACTOR * method.settings.min_gain_pct
-
-    def due(self, method: Method, ledger: reports.Ledger, d: Decision, step: search.Step | None = None) -> str | None:
-        """Which pivot is due now, if any: crash, stall, tier, clarify."""
-        if d.stopped_at is not None:
-            return None
-        at = self._last_pivot_at(ledger)
-        since = self._since(method, at)
-        if d.unclear is not None and not since:
-            return "clarify"
-        plan = method.plan
-        for e in since:
-            item = plan.item(e.plan_item) if e.plan_item in plan.item_ids() else None
-            if e.verdict == "crashed" and self.promising(method, item):
-                return "crash"
-        changes = [
-            e for e in since if e.kind == "change" and e.verdict in ("adopted", "no_gain", "regressed", "crashed")
-        ]
-        run = 0
-        for e in reversed(changes):
-            if e.verdict == "adopted":
-                break
-            run += 1
-        if method.next_item(d) is None and step is None:
-            return "tier" if since else None
-        if run >= method.settings.stall_after:
-            return "stall"
-        return None
-
-    def question(self, method: Method, ledger: reports.Ledger, d: Decision, kind: str) -> tuple[str, list[str]]:
-        plan = method.plan
-        best, base = method.best(), method.baseline()
-        jb = method.judge(best) if best is not None else None
-        headline = ""
-        if best is not None and base is not None and jb is not None and jb.after_tok_s is not None:
-            jbase = method.judge(base)
-            gain = ""
-            if best.id != base.id and jbase.after_tok_s:
-                gain = f", {(jb.after_tok_s - jbase.after_tok_s) / jbase.after_tok_s * 100:+.1f}% over the baseline"
-            headline = f"Best so far: {jb.after_tok_s:,.0f} output tok/s at concurrency {jb.concurrency} (experiment {best.id}{gain})."
-        later = sorted({it.tier for it in plan.items if it.tier not in d.released})
-        undone = [it for it in plan.items if it.tier in d.released and not method.done(it)]
-        options: list[str] = []
-        searched = method.settings.search
-        if undone:
-            rest = ", ".join(f"{it.id} {it.title}" for it in undone[:4])
-            how = self.search_words(method, searched)
-            options.append(f"continue: the remaining items of this tier ({rest}); {how}")
-        elif later:
-            t = later[0]
-            items = ", ".join(f"{it.id} {it.title}" for it in plan.tier_items(t))
-            code = all(it.kind == "code" for it in plan.tier_items(t))
-            note = " (code changes for you: documented, nothing to run; then the final summary)" if code else ""
-            if searched and not code:
-                nxt = Decision(released={*d.released, t}, requested=[])
-                ahead = search.launchable(method, nxt, self._validate)
-                note = f"; the search's first step there: {ahead[0][1]}" if ahead else self.nothing_ahead(method)
-            options.append(f"continue: Tier {t} ({plan.tiers.get(t, 'next')}): {items}{note}")
-        if kind == "crash":
-            retry = self.retry_option(method, ledger)
-            if retry is not None:
-                options.append(retry)
-        if searched:
-            # the search's next candidates (its ranking: predicted gain, corrected to this campaign)
-            opened = Decision(released={*d.released, *later[:1]}, requested=[])
-            for head, sentence in search.options(method, opened, self._validate, limit=3):
-                if len(options) >= 4:
-                    break
-                if not any(o.startswith(head) for o in options):
-                    options.append(sentence)
-        else:
-            # the summary's Next steps ranking (by the plan's expected gain), so the options match the summary
-            ranked = [
-                it
-                for it, _ in reports.next_steps(ledger)
-                if it.kind != "code" and not method.done(it) and not (undone and it.id == undone[0].id)
-            ]
-            for it in ranked[:2]:
-                options.append(f"{it.id} {it.title}: test it next ({it.expected_impact.strip().rstrip('.')})")
-        options.append("stop: write the final summary and end the campaign")
-        tiers_done = sorted(t for t in d.released if all(method.done(it) for it in plan.tier_items(t)))
-        since = self._since(method, self._last_pivot_at(ledger))
-        if kind == "crash":
-            e = next(e for e in reversed(since) if e.verdict == "crashed")
-            item = plan.item(e.plan_item) if e.plan_item else None
-            what = f"{item.id} {item.title}" if item else f"experiment {e.id}"
-            expected = item.expected_impact.strip().rstrip(".") if item else "a gain"
-            q = (
-                f"{what} crashed (experiment {e.id}: {e.reason}) although the plan expected {expected}. "
-                f"{headline} How should pivot go on?"
-            )
-        elif kind == "stall":
-            n = method.settings.stall_after
-            q = (
-                f"The last {n} changes gave no gain beyond the {method.band_pct():.1f}% noise band. {headline} "
-                "How should pivot go on?"
-            )
-        elif kind == "clarify":
-            p = d.unclear
-            assert p is not None
-            how = understood(p.options, plan)
-            asked = p.question.split(f"{how} ", 1)[-1]  # asked again: the question itself, not the last clarification
-            options = p.options or ["continue: go on with the plan", "stop: write the final summary and end"]
-            return (f"{d.why_unclear} {how} {asked}", options)
-        elif kind == "baseline":
-            base = method.baseline()
-            why = (
-                (base.failure or "unknown") + (f": {base.failure_detail}" if base and base.failure_detail else "")
-                if base
-                else "unknown"
-            )
-            q = (
-                f"The baseline {'server refused the benchmark' if 'request-refused' in why else 'did not start'} ({why})"
-                ", and nothing compares without it. Fix it (base flags, workload, engine options), then answer 'continue'."
-            )
-            return " ".join(q.split()), ["continue: try the baseline again", "stop: end the campaign"]
-        else:
-            names = ", ".join(f"Tier {t} ({plan.tiers.get(t, '')})".replace(" ()", "") for t in tiers_done[-1:])
-            q = f"{names or 'The items you opened'} done. {headline} Which way next?"
-        return " ".join(q.split()), options
-
-    @staticmethod
-    def search_words(method: Method, searched: bool) -> str:
-        """How the remaining items of a tier are run, in words: predicted first when the engine has a predictor."""
-        if not searched:
-            return "one at a time on the best configuration"
-        if search.predictor_for(method) is None:
-            return f"each measured on the best configuration ({search.no_predictor_text(method)})"
-        return "the search predicts each on the best configuration and launches what beats the noise band"
-
-    @staticmethod
-    def nothing_ahead(method: Method) -> str:
-        """Why the search has no first step in the next tier, in words."""
-        if search.predictor_for(method) is None:
-            return f"; {search.no_predictor_text(method)} each item there"
-        return (
-            "; the twin predicts nothing there beyond the noise band: items it can predict are recorded as predicted "
-            "without a launch"
-        )
-
-    def retry_option(self, method: Method, ledger: reports.Ledger) -> str | None:
-        """After a crash under load: the item again with max running requests capped at the last level that held
-        (once per item), with what the twin predicts for it."""
-        since = self._since(method, self._last_pivot_at(ledger))
-        crashed = next((e for e in reversed(since) if e.verdict == "crashed" and e.plan_item), None)
-        if crashed is None or crashed.combined or search.launches(method, crashed.plan_item or "") > 1:
-            return None
-        held = sorted(c for c, runs in method.ok_values(crashed).items() if runs)
-        if not held or not method.failed_levels(crashed):
-            return None
-        cap = held[-1]
-        flag = f"--max-running-requests {cap}"
-        item = method.plan.item(crashed.plan_item or "")
-        pred = ""
-        try:
-            sur = search.Surrogate(method)
-            config = item.apply(method.best_config()).with_flags(m.ServerConfig.parse(flag))
-            est = sur.estimate_config((item.id,), config)
-            pred = f"; {est.note}" if est.note else ""
-        except Exception:
-            pred = ""
-        return (
-            f"retry {item.id} {item.title} with {flag} (capped at concurrency {cap}, the last level that held in "
-            f"experiment {crashed.id}): 1 launch, 2 if it gains{pred}"
-        )
-
-    def pivot(
-        self,
-        method: Method,
-        ledger: reports.Ledger,
-        d: Decision,
-        *,
-        kind: str,
-        last: dict[str, tuple[dict[str, Any], Any]],
-    ) -> Call:
-        analysis = self.analysis(method, ledger)
+    def pivot(self, moves: Moves, ledger: reports.Ledger, last: dict[str, tuple[dict[str, Any], Any]]) -> Call:
+        analysis = self.analysis(moves.method, ledger)
         if analysis is not None:
             return analysis
-        question, options = self.question(method, ledger, d, kind)
+        q, options = question(moves)
         prev = last.get("write_status_summary")
-        if kind == "clarify" or (prev is not None and prev[0].get("question") == question):
-            return Call("ask_user", {"question": question, "options": options})
-        return Call("write_status_summary", {"question": question, "options": options})
+        assert moves.pivot is not None
+        if moves.pivot.kind == "clarify" or (prev is not None and prev[0].get("question") == q):
+            return Call("ask_user", {"question": q, "options": options})
+        return Call("write_status_summary", {"question": q, "options": options})
 
     def analysis(self, method: Method, ledger: reports.Ledger) -> Call | None:
         """Analyse the best configuration before a summary explains it (once per best experiment)."""
@@ -535,12 +267,9 @@ class Autopilot(Steps):
             return None
         return Call("analyze", {"experiment_id": best.id})
 
-    def finish(
-        self, method: Method, ledger: reports.Ledger, d: Decision, last: dict[str, tuple[dict[str, Any], Any]]
-    ) -> Call:
-        question = (
-            "The campaign is finished. To go on, resume this session with an item to test again or a new direction."
-        )
+    def finish(self, moves: Moves, ledger: reports.Ledger, last: dict[str, tuple[dict[str, Any], Any]]) -> Call:
+        method = moves.method
+        q = "The campaign is finished. To go on, resume this session with an item to test again or a new direction."
         latest = reports.latest_status_doc(ledger.documents)
         written = "write_status_summary" in last or (
             latest is not None
@@ -549,26 +278,32 @@ class Autopilot(Steps):
             >= max((e.finished_at or e.created_at for e in method.experiments), default=latest.updated_at)
         )
         if not written:
-            return self.analysis(method, ledger) or Call("write_status_summary", {"question": question, "options": []})
+            return self.analysis(method, ledger) or Call("write_status_summary", {"question": q, "options": []})
         best = method.best()
         j = method.judge(best) if best is not None else None
         line = (
-            f"best {j.after_tok_s:,.0f} output tok/s at concurrency {j.concurrency} with experiment {best.id} "
-            f"({best.config})"
+            f"best {j.after_tok_s:,.0f} {method.objective.unit} at concurrency {j.concurrency} with experiment "
+            f"{best.id} ({best.config})"
             if j is not None and j.after_tok_s is not None and best is not None
             else "no result"
         )
         where = latest.path if latest is not None else "docs_out"
-        why = "stopped as you asked" if d.stopped_at is not None else "every item of the tiers opened so far is done"
+        why = (
+            "stopped as you asked"
+            if moves.decision.stopped_at is not None
+            else "nothing is left to do in the tiers opened so far"
+        )
         return Call(None, text=f"Campaign finished ({why}): {line}. Final summary: {where}")
 
     # ---- the todo list
 
-    def todos(self, method: Method, ledger: reports.Ledger, d: Decision) -> list[m.Todo]:
+    def todos(self, moves: Moves, ledger: reports.Ledger) -> list[m.Todo]:
+        method, d = moves.method, moves.decision
         plan = method.plan
         base = method.baseline()
         docs = {x.plan_item for x in ledger.documents if x.kind == "improvement"}
-        current = method.next_item(d)
+        first = moves.steps[0] if moves.steps and moves.phase == "work" else None
+        current = {first.items[0]} if first is not None and first.items else set()  # one in progress at a time
         out = [
             m.Todo(
                 content=f"Write the improvement documents {plan.items[0].id}-{plan.items[-1].id}",
@@ -587,19 +322,13 @@ class Autopilot(Steps):
         elif out[1].status != "completed":
             out[1].status = "in_progress"
         for it in plan.items:
-            done = method.done(it)
             if it.kind == "code":
                 status: m.TodoStatus = "completed" if it.id in docs else "pending"
                 content = f"{it.id} {it.title} (a code change for you: documented)"
             else:
+                done = method.done(it)
                 final = method.final(it)
-                status = (
-                    "completed"
-                    if done
-                    else "in_progress"
-                    if started and current is not None and current.id == it.id
-                    else "pending"
-                )
+                status = "completed" if done else "in_progress" if started and it.id in current else "pending"
                 verdict = f": {reports.VERDICT_WORDS[final[-1].verdict]}" if done and final else ""
                 content = f"{it.id} {it.title}{verdict}"
             if d.stopped_at is not None and status == "pending":
@@ -609,6 +338,18 @@ class Autopilot(Steps):
             )
             out.append(m.Todo(content=content, status=status, priority=priority, plan_item=it.id))
         return out
+
+
+def _refusals(messages: list[ModelMessage]) -> list[str]:
+    """The method's refusals (and tools' retries) in the last request: none, when the autopilot chose well."""
+    if not messages or not isinstance(messages[-1], ModelRequest):
+        return []
+    return [
+        str(p.content)
+        for p in messages[-1].parts
+        if isinstance(p, RetryPromptPart)
+        or (isinstance(p, ToolReturnPart) and getattr(p, "outcome", None) == "retried")
+    ]
 
 
 def _last_returns(messages: list[ModelMessage]) -> dict[str, tuple[dict[str, Any], Any]]:

@@ -9,11 +9,17 @@
   so a kill loses at most the step in flight. On resume, tool calls left without a result are answered with
   "interrupted" (what they did is in the ledger), and an open pivot is answered with the user's answer as the
   deferred ask_user call's result, so the run goes on where it stopped.
+- Failures: a campaign never dies of its own method. Whatever a tool or the loop raises that is not a model's failure
+  leaves the session `waiting` with its running experiment marked interrupted, writes a crash report (the traceback,
+  redacted) under state/<session>/crashes/, and ends with one line that names the report and says what to do;
+  `pivot resume` goes on from the ledger.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import traceback
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -49,7 +55,7 @@ from agent.session import Session
 from agent.session_tools import session_toolsets
 from agent.settings import settings
 from agent.text import quote
-from tools.method import Method, MethodGuard, method_text
+from tools.method import Method, MethodGuard, Moves, method_text
 
 pydantic_ai.BANNER_ENABLED = False  # pivot owns its terminal output (progress on stderr, the TUI's screen)
 
@@ -113,13 +119,21 @@ def state_text(session: Session) -> str:
         )
     for p in method.pivots[-3:]:
         lines.append(f"Pivot asked: {p.question[:160]} -> answer: {p.answer if p.answer is not None else '(open)'}")
-    d = method.decision()
+    moves = Moves.of(session, method)
+    d = moves.decision
     tiers = ", ".join(str(t) for t in sorted(d.released))
+    closed = ", ".join(str(t) for t in sorted(d.closed))
     state = "the user answered stop" if d.stopped_at is not None else f"released tiers: {tiers}"
-    nxt = method.next_item(d)
-    lines.append(
-        f"By the method: {state}; next item: {f'{nxt.id} {nxt.title}' if nxt is not None else 'none (finish)'}."
-    )
+    if closed:
+        state += f" (closed by a pivot: {closed})"
+    lines.append(f"By the method: {state}; phase: {moves.phase}" + (f" ({moves.why})" if moves.why else "") + ".")
+    allowed = moves.allowed_text()
+    if allowed:
+        lines.append("Moves allowed now: " + "; ".join(allowed[:12]) + ("; ..." if len(allowed) > 12 else "") + ".")
+    if moves.steps:
+        first = moves.steps[0]
+        what = "+".join(first.items) or ("without " + "+".join(first.reverts) if first.reverts else "-")
+        lines.append(f"The search's next step: {first.action} {what}: {first.reason[:200]}")
     if session.live is not None:
         lines.append(f"A server is running for experiment {session.live.experiment_id}.")
     return "\n".join(lines)
@@ -415,8 +429,9 @@ def _prepare(
         history = close_dangling(history, keep=None)
         if answer is not None:  # a new message from the user, kept with the pivots so the autopilot reads it too
             store.add_pivot(
-                session.id, m.Pivot(question="(message from the user)", answer=answer, answered_at=m.utcnow())
-            )
+                session.id,
+                m.Pivot(question="(message from the user)", answer=answer, answered_at=m.utcnow(), closes_tiers=[]),
+            )  # a message closes no tier: only a pivot asked when the tiers' work was done does
             prompt = answer
     if "write_status_summary" in cut_short:  # killed while writing it: finish what it left half-done
         from tools import reports
@@ -494,6 +509,8 @@ async def _run_async(
         store.mark_interrupted(session.id)  # the step cut short is redone in place on resume
         store.set_session_status(session.id, "stopped")
         raise
+    except Exception as e:  # a tool or the loop failed: the campaign is left resumable, never dead
+        return crashed(session, e)
     output = result.output
     if isinstance(output, DeferredToolRequests):
         pivot = store.open_pivot(session.id)
@@ -509,8 +526,48 @@ async def _run_async(
 
 
 def campaign_finished(session: Session) -> bool:
-    """Whether the method's reading of the ledger has nothing left to do (every released item done or a stop)."""
-    return Method.read(session.store, session.id).finished()
+    """Whether the method's moves have nothing left (the opened tiers' work is done, or a stop)."""
+    return Moves.of(session).finished
+
+
+def crashed(session: Session, error: BaseException) -> RunOutcome:
+    """An unexpected failure of a tool or of the loop: the server this process holds is stopped, the experiment it
+    ran is marked interrupted (resume relaunches it in place), the session is left `waiting`, and the traceback
+    (redacted) goes to state/<session>/crashes/; one line names the report and what to do."""
+    store = session.store
+    with contextlib.suppress(Exception):  # stopping a server must not hide the failure that is being reported
+        session.stop_live()
+    store.mark_interrupted(session.id)
+    store.set_session_status(session.id, "waiting")
+    what = f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"
+    path = crash_report(session, error)
+    where = session.paths.relative(path) if path is not None else "(the report could not be written)"
+    line = redact(f"pivot stopped on an error it did not expect ({what}); crash report: {where}")
+    session.emit("error", line)
+    hint = (
+        f"nothing measured is lost and the session is resumable: `pivot resume {session.id}` goes on from the "
+        "ledger; if it stops the same way, the report says where (send it with the session's ledger)"
+    )
+    return RunOutcome("failed", line, hint=hint)
+
+
+def crash_report(session: Session, error: BaseException) -> Any:
+    """Write the crash report (what failed, when, the traceback; secrets redacted); its path, or None."""
+    try:
+        folder = session.paths.session_state_dir(session.id) / "crashes"
+        folder.mkdir(parents=True, exist_ok=True)
+        now = m.utcnow()
+        path = folder / f"crash-{now.strftime('%Y%m%dT%H%M%S%fZ')}.txt"
+        trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        rec = session.record
+        text = (
+            f"pivot crash report\nsession: {session.id} ({rec.name}), plan {rec.plan.name}, engine {rec.engine}, "
+            f"model {rec.model or AUTOPILOT}\nat: {now.isoformat()}\nerror: {type(error).__name__}: {error}\n\n{trace}"
+        )
+        path.write_text(redact(text), encoding="utf-8")
+        return path
+    except OSError:
+        return None
 
 
 def _emit(session: Session, event: Any) -> None:

@@ -17,7 +17,10 @@ Each campaign is scored:
   against the grid's size;
 - noop launches: launches of an item whose flags are all no-ops in SGLang 0.5.23;
 - false adoptions: adopted while the noise-free change (the twin, the experiment's config against its base's) is
-  below the --min-gain floor (3%); false regressions: regressed while the noise-free change is above -3%.
+  below the --min-gain floor (3%); false regressions: regressed while the noise-free change is above -3%;
+- reverts: launches that took an adopted item back (the best configuration rebuilt without it), and how many of
+  them were adopted;
+- aborts: campaigns that ended other than finished (a failure, a stop, an exception, or still at a pivot after 30).
 """
 
 from __future__ import annotations
@@ -109,12 +112,16 @@ def campaign(args: tuple[str, float, int, bool]) -> dict:
             engine_options={"model_profile": t.model_profile, "hardware": t.hardware, "gpus": t.gpus, "noise": noise},
         )
         session = Session.create(store, paths, plan, name=plan.name, engine_name="sim", settings=settings)
+        pivots, status, error = 0, "failed", ""
         with session:
-            outcome = loop.run(session)
-            pivots = 0
-            while outcome.status == "pivot" and pivots < 30:
-                pivots += 1
-                outcome = loop.run(session, answer="continue")
+            try:
+                outcome = loop.run(session)
+                while outcome.status == "pivot" and pivots < 30:
+                    pivots += 1
+                    outcome = loop.run(session, answer="continue")
+                status, error = outcome.status, outcome.message if outcome.status != "finished" else ""
+            except Exception as e:  # an abort, counted as one
+                error = f"{type(e).__name__}: {e}"
             method = Method.read(store, session.id)
         catalog = load_catalog("sglang", "0.5.23")
         noop_items = set()
@@ -122,12 +129,15 @@ def campaign(args: tuple[str, float, int, bool]) -> dict:
             issues = audit(catalog, it.apply(plan.target.base_config()))
             if noop_reason([i for i in issues if i.flag in it.flags.names()], it) is not None:
                 noop_items.add(it.id)
-        launches = noop = false_adopt = false_regress = 0
+        launches = noop = false_adopt = false_regress = reverts = reverts_adopted = 0
         for e in method.experiments:
             runs = method.run_count(e)
             started_failed = e.status == "failed" and runs == 0 and e.verdict == "crashed"
             launched = runs + (1 if started_failed else 0)
             launches += launched
+            if launched and e.reverts:
+                reverts += 1
+                reverts_adopted += e.verdict == "adopted"
             if launched and set(e.plan_items) & noop_items:
                 noop += launched
             base = method.experiment(e.base_experiment_id)
@@ -137,7 +147,8 @@ def campaign(args: tuple[str, float, int, bool]) -> dict:
                 false_adopt += e.verdict == "adopted" and change < FLOOR
                 false_regress += e.verdict == "regressed" and change > -FLOOR
         steps = [
-            f"#{e.id} {'+'.join(e.plan_items) or 'baseline'} {e.verdict} runs={method.run_count(e)}"
+            f"#{e.id} {'+'.join(e.plan_items) + ''.join(f' -{i}' for i in e.reverts) or 'baseline'} {e.verdict} "
+            f"runs={method.run_count(e)}"
             + (f" pred={e.predicted_change_pct:+.1f}%" if e.predicted_change_pct is not None else "")
             for e in method.experiments
         ]
@@ -160,8 +171,12 @@ def campaign(args: tuple[str, float, int, bool]) -> dict:
         "noop_launches": noop,
         "false_adoptions": false_adopt,
         "false_regressions": false_regress,
+        "reverts": reverts,
+        "reverts_adopted": reverts_adopted,
         "pivots": pivots,
-        "outcome": outcome.status,
+        "outcome": status,
+        "aborted": status != "finished",
+        "error": error[:300],
         "seconds": round(time.monotonic() - started, 1),
         "steps": steps,
     }
@@ -203,32 +218,42 @@ def main() -> None:
         results = list(pool.map(campaign, runs))
     if opts.as_json:
         Path(opts.as_json).write_text(json.dumps(results, indent=1) + "\n")
-    header = "| plan | path | noise | campaigns | ratio to grid best: mean (min) | launches: mean (max) / grid | noop launches | false adoptions | false regressions |"
-    print(header)
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(TABLE_HEADER)
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     groups: dict[tuple, list[dict]] = {}
     for r in results:
         groups.setdefault((r["plan"], r["search"], r["noise"]), []).append(r)
     for (plan, searched, noise), rs in groups.items():
-        g = cached[plan]
-        ratios = [r["final_tok_s"] / g["best_tok_s"] for r in rs]
-        launches = [r["launches"] for r in rs]
-        print(
-            f"| {plan} | {'search' if searched else 'greedy'} | {noise:g} | {len(rs)} | "
-            f"{statistics.mean(ratios):.3f} ({min(ratios):.3f}) | {statistics.mean(launches):.1f} ({max(launches)}) / {g['size']} "
-            f"| {sum(r['noop_launches'] for r in rs)} | {sum(r['false_adoptions'] for r in rs)} | "
-            f"{sum(r['false_regressions'] for r in rs)} |"
-        )
+        print(_row(plan, "search" if searched else "greedy", f"{noise:g}", rs, cached))
     for searched in sorted({r["search"] for r in results}, reverse=True):
         rs = [r for r in results if r["search"] == searched]
-        ratios = [r["final_tok_s"] / cached[r["plan"]]["best_tok_s"] for r in rs]
-        share = [r["launches"] / cached[r["plan"]]["size"] for r in rs]
-        print(
-            f"| all | {'search' if searched else 'greedy'} | both | {len(rs)} | {statistics.mean(ratios):.3f} "
-            f"({min(ratios):.3f}) | {100 * statistics.mean(share):.1f}% (max {100 * max(share):.1f}%) of the grid | "
-            f"{sum(r['noop_launches'] for r in rs)} | {sum(r['false_adoptions'] for r in rs)} | "
-            f"{sum(r['false_regressions'] for r in rs)} |"
-        )
+        print(_row("all", "search" if searched else "greedy", "both", rs, cached))
+    for r in results:
+        if r["aborted"]:
+            print(
+                f"aborted: {r['plan']} noise {r['noise']:g} seed {r['seed']}: {r['outcome']}: {r['error']}",
+                file=sys.stderr,
+            )
+
+
+TABLE_HEADER = (
+    "| plan | path | noise | campaigns | ratio to grid best: mean (min) | launches: mean (max) | % of grid: mean (max) "
+    "| reverts (adopted) | aborts | noop launches | false adoptions | false regressions |"
+)
+
+
+def _row(plan: str, path: str, noise: str, rs: list[dict], cached: dict) -> str:
+    """One line of the table: the campaigns of one plan, path and noise (or all of them)."""
+    ratios = [r["final_tok_s"] / cached[r["plan"]]["best_tok_s"] for r in rs]
+    launches = [r["launches"] for r in rs]
+    share = [100 * r["launches"] / cached[r["plan"]]["size"] for r in rs]
+    return (
+        f"| {plan} | {path} | {noise} | {len(rs)} | {statistics.mean(ratios):.3f} ({min(ratios):.3f}) | "
+        f"{statistics.mean(launches):.1f} ({max(launches)}) | {statistics.mean(share):.1f}% ({max(share):.1f}%) | "
+        f"{sum(r['reverts'] for r in rs)} ({sum(r['reverts_adopted'] for r in rs)}) | "
+        f"{sum(r['aborted'] for r in rs)} | {sum(r['noop_launches'] for r in rs)} | "
+        f"{sum(r['false_adoptions'] for r in rs)} | {sum(r['false_regressions'] for r in rs)} |"
+    )
 
 
 if __name__ == "__main__":

@@ -84,10 +84,10 @@ async def test_a_model_that_calls_every_tool_leaves_the_expected_rows(store, pat
             ("server_metrics", {}),
             ("profile", {}),
             ("analyze", {}),
+            ("stop_server", {}),
+            ("run_experiments", {"experiments": [{"experiment_id": 1}]}),  # its second run, through the executor
             ("record_verdict", {"experiment_id": 1, "verdict": "baseline", "reason": "the reference"}),
             ("search_candidates", {}),
-            ("stop_server", {}),
-            ("run_experiments", {"experiments": [{"experiment_id": 1}]}),  # the same run, through the executor
             ("microbench", {}),
             ("investigate", {"question": "What bounds the baseline?", "kind": "root_cause", "experiment_id": 1}),
             ("write_status_summary", {"question": "Go on with Tier 2?", "options": ["yes", "no"]}),
@@ -128,6 +128,8 @@ async def test_bad_arguments_come_back_as_errors_and_the_model_recovers(store, p
             ("launch_server", {"baseline": "yes please"}),  # not a bool: the schema says so
             ("launch_server", {"baseline": True}),
             ("run_benchmark", {"concurrency": [0]}),
+            ("run_benchmark", {}),
+            ("launch_server", {"experiment_id": 1}),  # the baseline's second run: its noise
             ("run_benchmark", {}),
             ("record_verdict", {"experiment_id": 1, "verdict": "adopted", "reason": "looks fast"}),
             ("record_verdict", {"experiment_id": 1, "verdict": "baseline", "reason": "the reference"}),

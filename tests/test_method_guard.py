@@ -19,7 +19,7 @@ from agent import models as m
 from agent.plans import parse_plan
 from agent.session import Paths, Session
 from agent.store import Store
-from tools.method import RULES, Method, method_text
+from tools.method import RULES, Method, Moves, method_text
 
 # GLM-5 on the twin: 02 (EP8) starts and crashes under load at 1024, as in the seeds.
 PLAN = """
@@ -90,7 +90,14 @@ BASELINE = [
     {"tool": "launch_server", "args": {"experiment_id": 1}},
     {"tool": "run_benchmark", "args": {}},
     {"tool": "stop_server", "args": {}},
-    {"tool": "record_verdict", "args": {"experiment_id": 1, "verdict": "baseline", "reason": "measured twice"}},
+]
+RERUN_BASELINE = [
+    {"tool": "launch_server", "args": {"experiment_id": 1}},
+    {"tool": "run_benchmark", "args": {}},
+    {"tool": "stop_server", "args": {}},
+]
+JUDGE_BASELINE = [
+    {"tool": "record_verdict", "args": {"experiment_id": 1, "verdict": "baseline", "reason": "measured twice"}}
 ]
 
 
@@ -109,6 +116,10 @@ class Ledger:
         self.store.set_session_model(self.sid, f"script:{script}")
         with Session.open(self.store, self.paths, self.sid) as s:
             return loop.run(s, answer=answer)
+
+    def moves(self) -> Moves:
+        with Session.open(self.store, self.paths, self.sid) as s:
+            return Moves.of(s)
 
     def snapshot(self) -> dict:
         exps = self.store.experiments(self.sid)
@@ -162,8 +173,11 @@ def measured(tmp_path_factory) -> tuple[Path, str]:
     home = tmp_path_factory.mktemp("measured")
     ledger = _new(home)
     ledger.run(DOCS + BASELINE)
+    while 1 in ledger.moves().reruns:  # a noise band too wide for the plan's effects asks for more runs
+        ledger.run(RERUN_BASELINE)
+    ledger.run(JUDGE_BASELINE)
     base = ledger.store.experiments(ledger.sid)[0]
-    assert base.verdict == "baseline" and len(ledger.store.bench_results(base.id)) == 2
+    assert base.verdict == "baseline" and len(ledger.store.bench_results(base.id)) >= 2
     ledger.store.close()
     return home, ledger.sid
 
@@ -216,15 +230,23 @@ def test_a_bounded_retry_after_a_crash_under_load_is_the_one_exception(ledger):
         {"tool": "run_benchmark", "args": {}},
         {"tool": "stop_server", "args": {}},
     ]
+    capped = {"tool": "launch_server", "args": {"plan_item": "02", "flags": "--max-running-requests 512"}}
     # before the crash, the capped flags are extra flags like any other
-    ledger.refused(
-        [{"tool": "launch_server", "args": {"plan_item": "02", "flags": "--max-running-requests 512"}}], "one_change"
-    )
+    ledger.refused([capped], "one_change")
     ledger.run(ep8)
     crashed = ledger.store.experiments(ledger.sid)[-1]
     assert crashed.plan_items == ["02"] and crashed.failure is not None
+    why = ledger.refused([capped], "judge_first")  # its verdict first
+    assert f"record_verdict experiment_id={crashed.id} verdict=crashed" in why
+    ledger.run([{"tool": "record_verdict", "args": {"experiment_id": crashed.id, "verdict": "crashed", "reason": "x"}}])
+    why = ledger.refused([capped], "pivot_after_tier")  # a promising item crashed: the user decides first
+    assert "02 crashed" in why
+    question = "02 Expert parallelism EP8 crashed at 1024. How should pivot go on?"
+    assert pivot(ledger, question, ["retry 02 with --max-running-requests 512", "stop"]).status == "pivot"
+    ledger.run([{"tool": "todo_read", "args": {}}], answer="continue")
     why = ledger.refused(
-        [{"tool": "launch_server", "args": {"plan_item": "02", "flags": "--max-running-requests 2048"}}], "one_change"
+        [{"tool": "launch_server", "args": {"plan_item": "02", "flags": "--max-running-requests 2048"}}],
+        "one_change",
     )
     assert "below 1024" in why
     ledger.refused(
@@ -232,7 +254,7 @@ def test_a_bounded_retry_after_a_crash_under_load_is_the_one_exception(ledger):
         "one_change",
     )
     refused = len(ledger.refusals())
-    ledger.run([{"tool": "launch_server", "args": {"plan_item": "02", "flags": "--max-running-requests 512"}}])
+    ledger.run([capped])
     retry = ledger.store.experiments(ledger.sid)[-1]
     assert retry.id != crashed.id and "--max-running-requests 512" in str(retry.config)
     assert len(ledger.refusals()) == refused  # the capped retry itself ran
@@ -263,35 +285,59 @@ def pivot(ledger: Ledger, question: str, options: list[str]) -> loop.RunOutcome:
     )
 
 
-def test_an_item_of_another_tier_after_a_finished_tier_needs_a_pivot(ledger):
-    asked = pivot(ledger, "The baseline is measured (noise 1%). Which item first?", ["continue", "03 test it next"])
-    assert asked.status == "pivot"
-    steps = []
-    for item in ("01", "02"):  # the model finishes Tier 1 first, then turns to 03 (asked for at the pivot)
-        steps += [
-            {"tool": "launch_server", "args": {"plan_item": item}},
-            {"tool": "run_benchmark", "args": {}},
-            {"tool": "stop_server", "args": {}},
-        ]
-    ledger.run(steps, answer="2")
+def judge_all(ledger: Ledger) -> None:
+    """Record every measured experiment's verdict by its numbers (rerun first where the judgement asks)."""
     for e in ledger.store.experiments(ledger.sid)[1:]:
+        if e.verdict is not None:
+            continue
         j = Method.read(ledger.store, ledger.sid).judge(e)
-        if j.suggestion == "rerun":
+        while j.suggestion == "rerun":
             ledger.run([{"tool": "launch_server", "args": {"experiment_id": e.id}}, {"tool": "run_benchmark"}])
             j = Method.read(ledger.store, ledger.sid).judge(e)
         ledger.run(
             [{"tool": "record_verdict", "args": {"experiment_id": e.id, "verdict": j.suggestion, "reason": j.text}}]
         )
+
+
+def test_an_item_of_another_tier_after_a_finished_tier_needs_a_pivot(ledger):
+    asked = pivot(ledger, "The baseline is measured (noise 1%). Which item first?", ["continue", "03 test it next"])
+    assert asked.status == "pivot"
+    assert ledger.store.pivots(ledger.sid)[-1].closes_tiers == []  # Tier 1's work was not done: it closes nothing
+    for i, item in enumerate(("01", "02")):  # the model finishes Tier 1 first, then turns to 03 (asked for)
+        steps = [
+            {"tool": "launch_server", "args": {"plan_item": item}},
+            {"tool": "run_benchmark", "args": {}},
+            {"tool": "stop_server", "args": {}},
+        ]
+        ledger.run(steps, answer="2" if i == 0 else None)
+        judge_all(ledger)
     assert [e.plan_items for e in ledger.store.experiments(ledger.sid) if e.verdict] == [[], ["01"], ["02"]]
     why = ledger.refused([{"tool": "launch_server", "args": {"plan_item": "03"}}], "pivot_after_tier")
     assert "Tier 1 (Flags) is finished" in why
-    # a retest within the finished tier is not another tier's item
-    ledger.run([{"tool": "launch_server", "args": {"plan_item": "01"}}, {"tool": "stop_server"}])
-    assert ledger.store.experiments(ledger.sid)[-1].plan_items == ["01"]
+    # the end of the tier is recorded when it happens: a retest in it waits for the pivot too
+    ledger.refused([{"tool": "launch_server", "args": {"plan_item": "01"}}], "pivot_after_tier")
     question = "Tier 1 done: 01 gave no gain, 02 crashed at 1024. Which way next?"
     assert pivot(ledger, question, ["continue: Tier 2", "stop: write the final summary"]).status == "pivot"
+    assert ledger.store.pivots(ledger.sid)[-1].closes_tiers == [1]
     ledger.run([{"tool": "launch_server", "args": {"plan_item": "03"}}], answer="1")  # 03, asked for, now goes
     assert ledger.store.experiments(ledger.sid)[-1].plan_items == ["03"]
+
+
+def test_a_combined_step_with_an_earlier_tiers_item_does_not_reopen_that_tier(ledger):
+    """The abort of issue #24: after `continue` at Tier 1's pivot, a combined step of a Tier 1 item with a Tier 2
+    item is judged; Tier 1 stays closed (its end is the pivot that closed it), and a Tier 2 item goes on."""
+    for item in ("01", "02"):
+        ledger.run([{"tool": "launch_server", "args": {"plan_item": item}}, {"tool": "run_benchmark"}])
+        judge_all(ledger)
+    question = "Tier 1 done: 01 gave no gain, 02 crashed at 1024. Which way next?"
+    assert pivot(ledger, question, ["continue: Tier 2", "stop: write the final summary"]).status == "pivot"
+    assert ledger.store.pivots(ledger.sid)[-1].closes_tiers == [1]
+    ledger.run([{"tool": "launch_server", "args": {"plan_items": ["01", "03"]}}, {"tool": "run_benchmark"}], "1")
+    judge_all(ledger)
+    assert ledger.store.experiments(ledger.sid)[-1].plan_items == ["01", "03"]
+    moves = ledger.moves()
+    assert moves.decision.closed == {1} and moves.decision.released == {1, 2}
+    assert moves.pivot is None or moves.pivot.closes == (2,)  # Tier 1 is never finished again
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,9 @@ from agent.session import Session
 from tests.factories import bench_level
 from tools import search
 from tools.engines.sim.engine import SimEngine
-from tools.method import Decision, Method
+from tools.method import Decision, Method, decision, offers
+from tools.method.moves import as_asked
+from tools.method.offers import retry_offer
 
 TOP = 1024
 
@@ -153,12 +155,12 @@ def test_capacity_pair_is_one_combined_step(store, paths, fake_twin) -> None:
     s = session_for(store, paths, make_plan(["01", "02", "08"]))
     baseline(store, s)
     method = Method.read(store, s.id)
-    ranked = search.candidates(method, method.decision())
+    ranked = search.candidates(method, decision(method))
     top = ranked[0]
     assert top.kind == "combined" and top.items == ("01", "02")
     assert top.gain == pytest.approx(16.0, abs=0.1)
     assert top.alone["01"] == pytest.approx(0.8, abs=0.1) and top.alone["02"] == pytest.approx(0.0, abs=0.1)
-    step = search.next_step(method, method.decision(), validate)
+    step = search.next_step(method, decision(method), validate)
     assert step is not None and step.action == "launch" and step.items == ("01", "02")
     assert "01 + 02 together" in step.reason and "alone" in step.reason
     # a neutral item never rides along in a combination (each item must add its share)
@@ -169,10 +171,10 @@ def test_sub_floor_gains_that_add_up_are_combined(store, paths, fake_twin) -> No
     s = session_for(store, paths, make_plan(["03", "04"]))
     baseline(store, s)
     method = Method.read(store, s.id)
-    ranked = search.candidates(method, method.decision())
+    ranked = search.candidates(method, decision(method))
     assert ranked[0].items == ("03", "04") and ranked[0].kind == "combined"
     assert ranked[0].gain > method.band_pct() > max(ranked[0].alone.values())
-    step = search.next_step(method, method.decision(), validate)
+    step = search.next_step(method, decision(method), validate)
     assert step is not None and step.items == ("03", "04")
 
 
@@ -182,8 +184,8 @@ def test_noop_item_is_ruled_out_without_a_launch(store, paths, fake_twin) -> Non
     s = session_for(store, paths, make_plan(["05", "08"]))
     baseline(store, s)
     method = Method.read(store, s.id)
-    step = search.next_step(method, method.decision(), validate)
-    assert step is not None and step.action == "rule_out" and step.items == ("05",)
+    step = search.next_step(method, decision(method), validate)
+    assert step is not None and step.action == "ruled_out" and step.items == ("05",)
     assert "no-op" in step.reason and "no launch" in step.reason
     e = _rule_out_item(s, method, "05", step.reason)
     assert e.verdict == "ruled_out" and e.status == "planned" and store.bench_results(e.id or 0) == []
@@ -198,13 +200,13 @@ def test_item_predicted_inside_the_noise_is_not_launched_and_says_so(store, path
     s = session_for(store, paths, make_plan(["08"]))
     baseline(store, s)
     method = Method.read(store, s.id)
-    step = search.next_step(method, method.decision(), validate)
+    step = search.next_step(method, decision(method), validate)
     assert step is not None and step.action == "predicted" and step.items == ("08",)
     assert "not launched" in step.reason and "prediction, not a measurement" in step.reason
     e = _predicted_item(s, method, "08", step.reason)
     assert e.verdict == "predicted" and e.predicted_change_pct == pytest.approx(0.4, abs=0.05)
     method = Method.read(store, s.id)
-    assert method.done(s.plan.item("08")) and search.next_step(method, method.decision(), validate) is None
+    assert method.done(s.plan.item("08")) and search.next_step(method, decision(method), validate) is None
     # a gain beyond the band cannot be recorded as a prediction: it must be measured
     s2 = session_for(store, paths, make_plan(["07"]))
     baseline(store, s2)
@@ -223,18 +225,18 @@ def test_retest_after_an_adoption_and_bounded(store, paths, fake_twin) -> None:
     measure(store, s, tp, 1300, 1300)
     store.update_experiment(store.get_experiment(tp.id).model_copy(update={"verdict": "adopted"}))
     method = Method.read(store, s.id)
-    step = search.next_step(method, method.decision(), validate)
+    step = search.next_step(method, decision(method), validate)
     assert step is not None and step.action == "launch" and step.items == ("06",)
     assert step.candidate is not None and step.candidate.kind == "retest"
     assert step.candidate.gain == pytest.approx(6.6, abs=0.1) and "retest of 06" in step.reason
-    head, sentence = search.option_text(method, step.candidate)
+    head, sentence = offers.option_text(method, step.candidate)
     assert "retest" in head and "+6.6%" in sentence
     # bounded: after its retest on this best, 06 is not proposed again
     again = add(store, s, ["06"], plan.item("06").apply(tp.config), tp)
     measure(store, s, again, 1301, 1301)
     store.update_experiment(store.get_experiment(again.id).model_copy(update={"verdict": "no_gain"}))
     method = Method.read(store, s.id)
-    assert search.next_step(method, method.decision(), validate) is None
+    assert search.next_step(method, decision(method), validate) is None
 
 
 def test_combined_experiment_counts_for_every_item(store, paths, fake_twin) -> None:
@@ -247,7 +249,7 @@ def test_combined_experiment_counts_for_every_item(store, paths, fake_twin) -> N
     method = Method.read(store, s.id)
     assert method.done(plan.item("01")) and method.done(plan.item("02"))
     assert [e.id for e in method.final(plan.item("02"))] == [both.id]
-    assert method.next_item() is None
+    assert search.next_step(method, decision(method), validate) is None
 
 
 def test_adoption_is_confirmed_by_a_second_run(store, paths, fake_twin) -> None:
@@ -272,38 +274,34 @@ def test_search_off_is_the_greedy_path(store, paths, fake_twin) -> None:
     s = session_for(store, paths, make_plan(["01", "02"]), search=False)
     baseline(store, s)
     method = Method.read(store, s.id)
-    assert search.next_step(method, method.decision(), validate) is None
-    assert search.options(method, method.decision(), validate) == []
+    assert search.next_step(method, decision(method), validate) is None
+    assert offers.search_options(method, decision(method)) == []
 
 
 def test_search_stays_inside_opened_tiers_and_options_name_every_item(store, paths, fake_twin) -> None:
-    from agent.autopilot import Autopilot
-
     plan = make_plan(["08", "01", "02"], tiers={"08": 1, "01": 2, "02": 2})
     s = session_for(store, paths, plan)
     baseline(store, s)
     method = Method.read(store, s.id)
-    d = method.decision()
+    d = decision(method)
     assert d.released == {1}
     assert all(c.items == ("08",) for c in search.candidates(method, d))
     opened = Decision(released={1, 2})
-    (head, sentence), *_ = search.options(method, opened, validate)
+    (head, sentence), *_ = offers.search_options(method, opened)
     assert head == "test 01+02 together"
     assert "01 Raise the running cap + 02 More memory for the KV pool" in sentence
     assert "1 launch, 2 if it gains" in sentence and "+16.0%" in sentence
     # the answer "test 01+02 together" launches one experiment naming both items
     store.add_pivot(s.id, m.Pivot(question="q", options=[sentence, "stop"], answer="1", answered_at=m.utcnow()))
     method = Method.read(store, s.id)
-    d = method.decision()
-    pilot = Autopilot(s)
-    assert method.next_item(d).id == "01"
-    assert pilot.requested_args(method, d, plan.item("01")) == {"plan_items": ["01", "02"]}
+    d = decision(method)
+    (asked, since), *_ = d.asked()
+    assert asked == "01"
+    step = as_asked(method, plan.item("01"), since)
+    assert step.launch_args() == {"plan_items": ["01", "02"]}
 
 
 def test_retry_option_after_a_crash_under_load(store, paths, fake_twin) -> None:
-    from agent.autopilot import Autopilot
-    from tools import reports
-
     plan = make_plan(["07"])
     plan = plan.model_copy(update={"workload": m.BenchSpec(concurrency=[1, 256, TOP])})
     s = session_for(store, paths, plan)
@@ -332,15 +330,16 @@ def test_retry_option_after_a_crash_under_load(store, paths, fake_twin) -> None:
         ),
     )
     store.update_experiment(store.get_experiment(e.id).model_copy(update={"verdict": "crashed", "status": "finished"}))
-    pilot = Autopilot(s)
     method = Method.read(store, s.id)
-    option = pilot.retry_option(method, reports.Ledger.read(store, s.id))
-    assert option is not None and option.startswith("retry 07")
+    offer = retry_offer(method, store.get_experiment(e.id))
+    assert offer is not None
+    head, option = offer
+    assert option.startswith("retry 07") and head == "retry 07 TP2 instead of PP2 with --max-running-requests 256"
     assert "--max-running-requests 256" in option and "1 launch" in option and "the twin predicts" in option
     store.add_pivot(s.id, m.Pivot(question="q", options=[option, "stop"], answer="1", answered_at=m.utcnow()))
     method = Method.read(store, s.id)
-    d = method.decision()
-    assert pilot.requested_args(method, d, plan.item("07")) == {
+    (_, since), *_ = decision(method).asked()
+    assert as_asked(method, plan.item("07"), since).launch_args() == {
         "plan_item": "07",
         "flags": "--max-running-requests 256",
     }
@@ -397,7 +396,7 @@ def test_an_item_the_twin_says_would_not_start_is_not_launched(store, paths, mon
     s = session_for(store, paths, make_plan(["02"]))
     baseline(store, s)
     method = Method.read(store, s.id)
-    step = search.next_step(method, method.decision(), validate)
+    step = search.next_step(method, decision(method), validate)
     assert step is not None and step.action == "predicted" and step.items == ("02",)
     assert "predicted a crash" in step.reason and "would not start: out of memory" in step.reason
 

@@ -17,7 +17,7 @@ from agent.errors import PivotError
 from agent.session import Session
 from tools import reports, search
 from tools.experiments import REFUSAL_CLASS, audit_issues, proposed_config, unmeasurable_item
-from tools.method import Judgement, Method, not_measured_text
+from tools.method import Judgement, Method, Moves, not_measured_text, permitted
 
 toolset: FunctionToolset[Session] = FunctionToolset(id="docs", max_retries=3)
 
@@ -221,20 +221,19 @@ def record_verdict(
         else:
             e = _not_measured_item(session, method, plan_item, reason)
         method = Method.read(store, session.id)
-    else:
-        found = method.experiment(experiment_id)
-        if found is None:
-            raise ModelRetry(f"no experiment {experiment_id} in this session")
-        e = found
-    j = method.judge(e)
-    if verdict == "predicted" and (experiment_id is not None or e.verdict != "predicted"):
-        raise ModelRetry("predicted is for an item not launched: give plan_item, not an experiment")
-    if verdict == "predicted":
-        session.emit("tool_result", f"item {plan_item}: predicted, not launched: {e.reason}")
+        j = method.judge(e)
+        if verdict != "predicted":
+            e = store.update_experiment(e.model_copy(update={"verdict": verdict, "reason": e.reason or reason.strip()}))
+        session.emit("tool_result", f"item {plan_item}: {verdict}, not launched: {e.reason}")
         return VerdictRecord(
             experiment_id=e.id or 0, plan_item=e.plan_item, verdict=verdict, reason=e.reason or "", judgement=j
         )
-    _check_verdict(e, verdict, j)
+    found = method.experiment(experiment_id)
+    if found is None:
+        raise ModelRetry(f"no experiment {experiment_id} in this session")
+    e = found
+    j = method.judge(e)
+    _check_verdict(method, e, verdict, j)
     reason = reason.strip()
     if verdict == "not_measured" and j.text not in reason:
         reason = f"{j.text}. {reason}" if reason != j.text else reason
@@ -245,43 +244,27 @@ def record_verdict(
     )
 
 
-def _check_verdict(e: m.Experiment, verdict: m.Verdict, j: Judgement) -> None:
-    """Refuse (as a retry) a verdict the method's judgement `j` of `e` does not support."""
-    if verdict == "baseline" and e.kind != "baseline":
-        raise ModelRetry(f"experiment {e.id} is a {e.kind}, not a baseline")
-    if e.kind == "baseline" and verdict not in ("baseline", "crashed", "ruled_out", "inconclusive"):
+def _check_verdict(method: Method, e: m.Experiment, verdict: m.Verdict, j: Judgement) -> None:
+    """Refuse (as a retry) any verdict but the one the method's judgement `j` of `e` permits: a measured -87% is
+    regressed, never no_gain, measured or inconclusive (the same `permitted` the moves read)."""
+    if e.verdict is not None:
+        raise ModelRetry(f"experiment {e.id} already has its verdict ({e.verdict}): {e.reason or ''}")
+    allowed = permitted(method, e, j)
+    if verdict == "not_measured" and "not_measured" not in allowed:
         raise ModelRetry(
-            f"experiment {e.id} is the baseline: record it as baseline (or crashed), changes are judged against it"
+            f"experiment {e.id} cannot be judged not_measured: the engine models what it changes ({j.text})"
         )
-    if verdict in ("adopted", "no_gain", "regressed") and j.suggestion in (
-        "pending", "crashed", "ruled_out", "not_measured"
-    ):  # fmt: skip
-        raise ModelRetry(f"experiment {e.id} cannot be judged {verdict}: {j.text}")
-    if verdict == "not_measured" and j.suggestion != "not_measured":
-        raise ModelRetry(f"experiment {e.id} was measured: the engine models what it changes ({j.text})")
-    if verdict == "adopted" and j.suggestion not in ("adopted",):
+    if not allowed and j.suggestion == "rerun":
         raise ModelRetry(
-            f"not adopted: {j.text}. A change is adopted only beyond the {j.band_pct:.1f}% noise band"
-            + (
-                "; rerun it first (launch_server with experiment_id, then run_benchmark)"
-                if j.suggestion == "rerun"
-                else ""
-            )
+            f"not judged yet: {j.text}. Rerun experiment {e.id} first (launch_server with experiment_id, then "
+            "run_benchmark)"
         )
-    if verdict == "superseded" and j.suggestion != "superseded":
+    if verdict not in allowed:
+        want = " or ".join(allowed) if allowed else "nothing yet"
         raise ModelRetry(
-            f"experiment {e.id} is not superseded (its base is still the best, or it gained nothing): {j.text}"
+            f"experiment {e.id} cannot be judged {verdict}: {j.text}. Its numbers permit {want}"
+            + (f" (a change is adopted only beyond the {j.band_pct:.1f}% noise band)" if verdict == "adopted" else "")
         )
-    if verdict in ("no_gain", "regressed") and j.suggestion == "superseded":
-        raise ModelRetry(f"experiment {e.id} gained beyond the noise band on its base: record it superseded ({j.text})")
-    if verdict == "no_gain" and j.suggestion == "rerun":
-        raise ModelRetry(
-            f"the gain is inside the noise band: rerun experiment {e.id} once more before judging ({j.text})"
-        )
-    if verdict == "regressed" and (j.change_pct is None or j.change_pct >= 0):
-        raise ModelRetry(f"experiment {e.id} did not regress: {j.text}")
-    if verdict == "crashed" and j.suggestion != "crashed":
-        raise ModelRetry(f"experiment {e.id} did not crash: {j.text}")
 
 
 def check_plan_quietly(session: Session) -> None:
@@ -316,8 +299,9 @@ def search_candidates(ctx: RunContext[Session], limit: int = 8) -> dict[str, Any
     prediction beats the band; an item predicted inside the band can be recorded with verdict predicted instead."""
     from tools import search
 
-    method = Method.read(ctx.deps.store, ctx.deps.id)
-    ranked = search.candidates(method, method.decision())
+    moves = Moves.of(ctx.deps)
+    method = moves.method
+    ranked = search.candidates(method, moves.decision)
     return {
         "band_pct": method.band_pct(),
         "candidates": [

@@ -14,7 +14,7 @@ from pydantic_ai import ModelRetry
 from agent import models as m
 from agent.errors import PivotError
 from agent.session import Session
-from tools.method import Method
+from tools.method.reading import Method
 
 REFUSAL_CLASS = {
     "unknown": "unrecognized-argument",
@@ -29,11 +29,18 @@ def proposed_config(
     flags: str | None,
     remove_flags: list[str] | None,
     plan_items: list[str] | None = None,
+    reverts: list[str] | None = None,
 ) -> m.ServerConfig:
     """The config a plan item (or several, combined in plan order as given), and/or extra flags, proposes on top of
-    the best config so far."""
-    config = method.best_config()
-    for item_id in step_items(plan_item, plan_items):
+    the best config so far on their workload (or on it rebuilt from the chain of adopted changes without
+    `reverts`)."""
+    for item_id in reverts or []:
+        plan_item_of(method.plan, item_id)
+    items = step_items(plan_item, plan_items)
+    for item_id in items:
+        plan_item_of(method.plan, item_id)
+    config = method.step_base(items, reverts or ())
+    for item_id in items:
         config = plan_item_of(method.plan, item_id).apply(config)
     if remove_flags:
         config = config.without(*remove_flags)
@@ -149,10 +156,12 @@ def record_step(
     baseline: bool = False,
     experiment_id: int | None = None,
     hypothesis: str = "",
+    reverts: list[str] | None = None,
 ) -> m.Experiment:
     """The experiment a launch runs: experiment `experiment_id` again (a rerun), an unfinished one of the same step
     (relaunched in place, so a resumed campaign runs nothing twice), else a new one recorded for the step (the
-    baseline, an item or a combined step on the best configuration, with the search's prediction)."""
+    baseline, an item or a combined step on the best configuration, a revert of adopted items, with the search's
+    prediction)."""
     store = session.store
     if experiment_id is not None:
         e = method.experiment(experiment_id)
@@ -176,14 +185,14 @@ def record_step(
             base_id = None
             title = "baseline" if item is None else f"baseline for {item.id} on its workload"
         else:
-            if item is None and not flags and not remove_flags:
+            if item is None and not flags and not remove_flags and not reverts:
                 raise ModelRetry("say what to launch: baseline=True, a plan_item, flags, or experiment_id to rerun")
             if method.baseline(workload) is None:
                 raise ModelRetry(
                     "measure the baseline on this workload first (launch_server with baseline=True"
                     + (f" and plan_item={plan_item!r})" if item is not None and item.workload else ")")
                 )
-            config = proposed_config(method, None, flags, remove_flags, items)
+            config = proposed_config(method, None, flags, remove_flags, items, reverts)
             kind = "change"
             best = method.best(workload)
             base_id = best.id if best is not None else None
@@ -191,14 +200,22 @@ def record_step(
                 title = " + ".join(f"{i} {plan_item_of(method.plan, i).title}" for i in items)
             else:
                 title = item.title if item is not None else f"flags {flags or ''}".strip()
+            if reverts:
+                dropped = ", ".join(f"{i} {plan_item_of(method.plan, i).title}" for i in reverts)
+                title = f"without {dropped}" + (f", with {title}" if items else "")
         e = _reusable(method, items, kind, config, workload)
         if e is None:
             from tools import search
 
             predicted = (
-                search.record_fields(method, items, baseline=kind == "baseline", config=config)
+                search.record_fields(method, items, baseline=kind == "baseline", config=config, reverts=reverts)
                 if kind == "change" or item is None
                 else {}
+            )
+            why = (
+                "; ".join(search.revert_text(method, i, tuple(items)) for i in reverts)
+                if reverts and kind == "change"
+                else None
             )
             e = store.add_experiment(
                 session.id,
@@ -211,6 +228,8 @@ def record_step(
                     config=config,
                     base_experiment_id=base_id,
                     workload=workload,
+                    reverts=list(reverts or []) if kind == "change" else [],
+                    revert_why=why,
                     **predicted,
                 ),
             )

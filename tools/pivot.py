@@ -2,7 +2,8 @@
 
 ask_user is a deferred tool: it records the question (with the latest status summary) in the ledger and ends the
 run; `pivot resume SESSION --answer TEXT` (or the TUI) gives the answer back as the tool's result and the run goes
-on where it stopped.
+on where it stopped. A pivot asked when the open tiers' work is done records that it closes them (the method's moves
+say so at that moment): a tier's end is an event of the ledger, never recomputed from later verdicts.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pydantic_ai import CallDeferred, FunctionToolset, ModelRetry, RunContext
 from agent import models as m
 from agent.session import Session
 from tools import reports
+from tools.method import Moves
 
 toolset: FunctionToolset[Session] = FunctionToolset(id="pivot", max_retries=3)
 
@@ -29,6 +31,7 @@ def ask_user(ctx: RunContext[Session], question: str, options: list[str]) -> str
         raise ModelRetry("ask a question")
     latest = reports.latest_status_doc(session.store.documents(session.id))
     summary = latest.path if latest is not None else None
+    due = Moves.of(session).pivot
     pivot = session.store.add_pivot(
         session.id,
         m.Pivot(
@@ -36,6 +39,7 @@ def ask_user(ctx: RunContext[Session], question: str, options: list[str]) -> str
             options=[o.strip() for o in options if o.strip()],
             tool_call_id=ctx.tool_call_id,
             summary_path=summary,
+            closes_tiers=list(due.closes) if due is not None else [],
         ),
     )
     session.emit("message", f"pivot: {pivot.question}", pivot_id=pivot.id, options=pivot.options, summary=summary)

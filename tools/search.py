@@ -1,10 +1,11 @@
-"""The search: pivot's digital twin as the campaign's surrogate model, and the next step it proposes.
+"""The search: the engine's predictor (the SGLang twin) as the campaign's surrogate model, and the steps it ranks.
 
-Before a launch is spent, candidates are predicted with the twin for the campaign's target (model profile,
-hardware, GPUs) on its workload at the judged level, and the prediction is corrected to this campaign's own
-measurements: the twin's output tok/s is multiplied by the mean ratio measured / predicted of the experiments
-measured so far at that level (the baseline first, refreshed as experiments land), and the predicted change is
-taken against the best configuration's measured mean. Candidates are:
+Before a launch is spent, candidates are predicted for the campaign's target on its workload at the judged level,
+and the prediction is corrected to this campaign's own measurements: the predictor's value of the session's
+objective (tools/method/objective.py: output tok/s) is multiplied by the mean ratio measured / predicted of the
+experiments measured so far at that level (the baseline first, refreshed as experiments land), and the predicted
+change is taken against the predictor's own (corrected) reading of the best configuration: the best's measured
+mean was selected for being high, so a change predicted against it would come out low. Candidates are:
 
 - single items on top of the best configuration (undone items of the tiers the user has opened);
 - retests: an item that gave no gain (or lost) on an older best, predicted beyond the noise band on the new one
@@ -12,17 +13,21 @@ taken against the best configuration's measured mean. Candidates are:
 - combined steps: pairs, and triples grown from the best pairs, of items that interact (at least one of them does
   not pay alone, and each adds at least MEMBER_MIN_PCT given the others), and the bundle of small gains that add up
   (items each predicted to add at least BUNDLE_MIN_PCT, grown one at a time), launched as ONE experiment naming every
-  item it combines.
+  item it combines;
+- reverts: an adopted item taken back, when the best configuration rebuilt from its chain of adopted changes
+  without it is predicted beyond the noise band (a change adopted early that a later one turned into a brake; at
+  most REVERTS launches per item).
 
 They are ranked by predicted gain; an item whose flags the twin does not model is ranked by the plan's expected
 impact instead (and says so). A candidate is launched only when its predicted gain beats the noise band; an item
 the corrected twin predicts inside the band (or at a loss) is recorded with the verdict `predicted`: not launched,
 the prediction in its reason, never called a measurement. An item whose flags are all no-ops in this engine
-version is ruled out before any launch. Predictions are cached per resolved configuration (two command lines the
-twin resolves alike share one simulation), so a campaign predicts each configuration once.
+version is ruled out before any launch. A configuration already measured is never launched again as a new
+experiment. Without a predictor (`Engine.predictor` is None: vLLM, a plugin's engine) nothing is predicted: items
+are measured in the order of the plan's expected impact, then in plan order.
 
-Nothing here decides tiers or pivots: the search only looks at items of the tiers the user has opened
-(`Decision.released`), and the autopilot keeps the pivots where the method puts them.
+Nothing here decides tiers, pivots or what is allowed: the search ranks inside the scope the method's moves give it
+(tools/method/moves.py), and the moves keep only what they allow.
 """
 
 from __future__ import annotations
@@ -36,12 +41,15 @@ from agent import models as m
 from agent.contracts import Prediction, Predictor, load_engine
 from agent.errors import PivotError
 from tools import reports
-from tools.method import Decision, Method
+from tools.method.answers import Decision
+from tools.method.reading import Method
 
 MEMBER_MIN_PCT = 1.0  # each item of a combined step adds at least this much (predicted) given the others
 TRIPLE_SEEDS = 4  # the best pairs grow into triples
 BUNDLE_MIN_PCT = 0.2  # an item joins the bundle of small gains when it adds at least this much (predicted)
 RETESTS = 1  # launches an item gets beyond its first, on a newer best
+REVERTS = 1  # launches that take an adopted item back, per item
+SWAP_SEEDS = 3  # the best candidates are also predicted with each adopted item taken back
 SEARCH_KINDS = ("flag", "config")
 RETEST_VERDICTS = ("no_gain", "regressed", "predicted", "superseded")
 
@@ -70,24 +78,28 @@ def predictor_for(method: Method) -> Predictor | None:
 
 def no_predictor_text(method: Method) -> str:
     """Why there are no predictions for this campaign, in words."""
-    return f"no predictor for this target: the {method.record.engine} engine offers none, so the search measures"
+    return (
+        f"no predictions for this target: the {method.record.engine} engine offers no predictor, so each item is "
+        "measured"
+    )
 
 
-# ---- the surrogate: the twin corrected to this campaign
+# ---- the surrogate: the predictor corrected to this campaign
 
 
 @dataclass
 class Estimate:
-    """A candidate's predicted effect on top of the best configuration."""
+    """A candidate's predicted effect on top of the best configuration (or on it rebuilt without `reverts`)."""
 
     items: tuple[str, ...]
     config: m.ServerConfig
     source: Literal["twin", "plan", "none"]
-    change_pct: float | None = None  # against the best's measured mean (twin) or the plan's expected midpoint
-    tok_s: float | None = None  # the corrected twin's output tok/s at the level
+    change_pct: float | None = None  # against the twin's reading of the best (twin) or the plan's expected midpoint
+    tok_s: float | None = None  # the corrected prediction of the objective at the level
     crash: bool = False
     level: int | None = None
     note: str = ""  # the prediction in words
+    reverts: tuple[str, ...] = ()
 
     @property
     def known(self) -> bool:
@@ -99,12 +111,13 @@ def _pct(x: float) -> str:
 
 
 class Surrogate:
-    """The twin for one reading of the ledger: the campaign's target and workload, at the judged level."""
+    """The predictor for one reading of the ledger: the campaign's target and workload, at the judged level."""
 
     def __init__(self, method: Method, predictor: Predictor | None = None) -> None:
         self.method = method
         plan = method.plan
         self.predictor = predictor if predictor is not None else predictor_for(method)
+        self.objective = method.objective
         self.workload = plan.workload
         self.best = method.best()
         self.best_config = method.best_config()
@@ -112,16 +125,20 @@ class Surrogate:
         self.best_tok = jb.after_tok_s if jb is not None else None
         self.level = (jb.concurrency if jb is not None and jb.concurrency else None) or max(self.workload.concurrency)
         self._ratio: tuple[float, int] | None = None
-        self._estimates: dict[tuple[str, ...], Estimate] = {}
+        self._estimates: dict[tuple[tuple[str, ...], tuple[str, ...]], Estimate] = {}
 
     def reading(self, config: m.ServerConfig) -> Prediction:
         if self.predictor is None:
             return Prediction(error=no_predictor_text(self.method))
         return self.predictor.predict(config, self.workload, self.level)
 
+    def value(self, p: Prediction) -> float | None:
+        """The objective's value of a prediction (None when it crashed or has no reading)."""
+        return None if p.crashed or p.level is None else self.objective.value(p.level)
+
     def ratio(self) -> tuple[float, int]:
-        """Measured / predicted output tok/s at the level, averaged over the experiments measured there without
-        failures on the plan's workload (1.0 before any): the correction of the twin to this campaign."""
+        """Measured / predicted objective at the level, averaged over the experiments measured there without
+        failures on the plan's workload (1.0 before any): the correction of the predictor to this campaign."""
         if self._ratio is None:
             key = self.workload.workload_key()
             ratios = []
@@ -131,20 +148,21 @@ class Surrogate:
                 runs = self.method.ok_values(e).get(self.level)
                 if not runs or self.method.failed_levels(e):
                     continue
-                r = self.reading(e.config)
-                if r.tok_s:
-                    ratios.append(sum(runs) / len(runs) / r.tok_s)
+                predicted = self.value(self.reading(e.config))
+                if predicted:
+                    ratios.append(sum(runs) / len(runs) / predicted)
             self._ratio = (sum(ratios) / len(ratios), len(ratios)) if ratios else (1.0, 0)
         return self._ratio
 
-    def config_for(self, items: tuple[str, ...]) -> m.ServerConfig:
-        config = self.best_config
+    def config_for(self, items: tuple[str, ...], reverts: tuple[str, ...] = ()) -> m.ServerConfig:
+        """The best configuration (rebuilt from its chain without `reverts`) with `items` applied in order."""
+        config = self.method.rebuild(drop=reverts) if reverts else self.best_config
         for item_id in items:
             config = self.method.plan.item(item_id).apply(config)
         return config
 
     def estimate_config(self, items: tuple[str, ...], config: m.ServerConfig) -> Estimate:
-        """The corrected twin's prediction for an exact config (e.g. an item with an extra flag)."""
+        """The corrected prediction for an exact config (e.g. an item with an extra flag)."""
         est = self.estimate(items)
         if config == est.config or est.source != "twin":
             return est
@@ -153,27 +171,57 @@ class Surrogate:
         if mine.crashed:
             out.source, out.crash = "twin", True
             out.note = f"the twin predicts the server crashes under load at concurrency {self.level}"
-        elif mine.tok_s is not None and base.tok_s is not None:
+        elif (v := self.value(mine)) is not None and (b := self.value(base)) is not None:
             ratio, _ = self.ratio()
-            tok = mine.tok_s * ratio
-            ref = self.best_tok or base.tok_s * ratio
+            tok = v * ratio
+            ref = b * ratio  # the twin's own reading of the best: its errors and the noise of a measurement cancel
             out.source, out.tok_s, out.change_pct = "twin", tok, (tok - ref) / ref * 100
-            out.note = f"the twin predicts {tok:,.0f} output tok/s at concurrency {self.level} ({_pct(out.change_pct)})"
+            out.note = (
+                f"the twin predicts {tok:,.0f} {self.objective.unit} at concurrency {self.level} "
+                f"({_pct(out.change_pct)})"
+            )
         return out
 
-    def estimate(self, items: tuple[str, ...]) -> Estimate:
-        """The corrected twin's prediction for `items` (in plan order) on top of the best configuration."""
+    def estimate(self, items: tuple[str, ...], reverts: tuple[str, ...] = ()) -> Estimate:
+        """The corrected prediction for `items` (in plan order) on top of the best configuration, or on the best
+        configuration rebuilt without `reverts`."""
         items = tuple(sorted(items, key=self.method.plan.item_ids().index))
-        if items in self._estimates:
-            return self._estimates[items]
-        config = self.config_for(items)
+        key = (items, tuple(reverts))
+        if key not in self._estimates:
+            config = self.config_for(items, tuple(reverts))
+            est = Estimate(items, config, "none", level=self.level, reverts=tuple(reverts))
+            if self.predictor is None:
+                self._unpredicted(est)
+            else:
+                self._predicted(est)
+            self._estimates[key] = est
+        return self._estimates[key]
+
+    def _unpredicted(self, est: Estimate) -> None:
+        """Without a predictor: a single item is ranked by the plan's expected impact, the rest is measured."""
+        exp = (
+            reports.parse_expectation(self.method.plan.item(est.items[0]).expected_impact)
+            if len(est.items) == 1 and not est.reverts
+            else None
+        )
+        if exp is not None and exp.metric != "mean_tpot_ms":
+            est.source, est.change_pct = "plan", exp.midpoint_pct
+            est.note = (
+                f"{no_predictor_text(self.method)}: ranked by the plan's expected impact ({exp.low_pct:+g} to "
+                f"{exp.high_pct:+g}% {exp.metric_words}), not a prediction"
+            )
+        else:
+            est.note = f"{no_predictor_text(self.method)}: measured in plan order"
+
+    def _predicted(self, est: Estimate) -> None:
         base = self.reading(self.best_config)
-        mine = self.reading(config)
-        est = Estimate(items, config, "none", level=self.level)
+        mine = self.reading(est.config)
         unmodelled = sorted(set(mine.not_modelled) - set(base.not_modelled))
         if unmodelled:
             exp = (
-                reports.parse_expectation(self.method.plan.item(items[0]).expected_impact) if len(items) == 1 else None
+                reports.parse_expectation(self.method.plan.item(est.items[0]).expected_impact)
+                if len(est.items) == 1 and not est.reverts
+                else None
             )
             flags = ", ".join("--" + d.replace("_", "-") for d in unmodelled)
             if exp is not None and exp.metric != "mean_tpot_ms":
@@ -191,29 +239,27 @@ class Surrogate:
                 if mine.error
                 else f"the twin predicts the server crashes under load at concurrency {self.level}"
             )
-        elif mine.error is not None or mine.tok_s is None or base.tok_s is None:
+        elif (v := self.value(mine)) is None or (b := self.value(base)) is None:
             est.note = f"no prediction: {mine.error or base.error or 'the twin has no reading'}"
         else:
             ratio, n = self.ratio()
-            tok = mine.tok_s * ratio
-            ref = self.best_tok or base.tok_s * ratio
+            tok = v * ratio
+            ref = b * ratio  # the twin's own reading of the best: its errors and the noise of a measurement cancel
             est.source, est.tok_s, est.change_pct = "twin", tok, (tok - ref) / ref * 100
             corrected = (
                 f"corrected x{ratio:.3f} (measured / predicted over {n} experiment{'s' if n != 1 else ''})"
                 if n
                 else "uncorrected: nothing measured yet at this level"
             )
-            against = (
-                f"experiment {self.best.id}'s measured {ref:,.0f}"
+            against = f"the twin's {ref:,.0f} for the best configuration" + (
+                f" (experiment {self.best.id}, measured {self.best_tok:,.0f})"
                 if self.best is not None and self.best_tok
-                else f"the twin's {ref:,.0f} for the best configuration"
+                else ""
             )
             est.note = (
-                f"the twin predicts {tok:,.0f} output tok/s at concurrency {self.level} "
+                f"the twin predicts {tok:,.0f} {self.objective.unit} at concurrency {self.level} "
                 f"({_pct(est.change_pct)} against {against}; {corrected})"
             )
-        self._estimates[items] = est
-        return est
 
 
 # ---- candidates
@@ -221,20 +267,23 @@ class Surrogate:
 
 @dataclass
 class Candidate:
-    """One step the search could take: the items it launches together, and why."""
+    """One step the search could take: the items it launches together (or takes back), and why."""
 
     items: tuple[str, ...]
     estimate: Estimate
-    kind: Literal["single", "combined", "retest"]
+    kind: Literal["single", "combined", "retest", "revert"]
     alone: dict[str, float | None] = field(default_factory=dict)  # each item's own predicted change
     why: str = ""
+    reverts: tuple[str, ...] = ()
 
     @property
     def gain(self) -> float:
         return self.estimate.change_pct if self.estimate.change_pct is not None else float("-inf")
 
     def label(self, plan: m.Plan) -> str:
-        return " + ".join(f"{i} {plan.item(i).title}" for i in self.items)
+        added = [f"{i} {plan.item(i).title}" for i in self.items]
+        dropped = [f"without {i} {plan.item(i).title}" for i in self.reverts]
+        return " + ".join(added + dropped)
 
 
 def searchable(item: m.PlanItem) -> bool:
@@ -259,13 +308,27 @@ def noop_reason(issues: list[m.FlagIssue], item: m.PlanItem) -> str | None:
     return f"no launch: the engine accepts {', '.join(names)} but reads {'it' if len(names) == 1 else 'them'} nowhere (no-op; {what})"
 
 
+def _launched(method: Method, e: m.Experiment) -> bool:
+    return e.kind == "change" and (method.run_count(e) > 0 or e.verdict == "crashed")
+
+
 def launches(method: Method, item_id: str) -> int:
     """Experiments that launched (measured or crashed) with the item in them."""
-    return sum(
-        1
-        for e in method.experiments
-        if item_id in e.plan_items and e.kind == "change" and (method.run_count(e) > 0 or e.verdict == "crashed")
-    )
+    return sum(1 for e in method.experiments if item_id in e.plan_items and _launched(method, e))
+
+
+def revert_launches(method: Method, item_id: str) -> int:
+    """Experiments that launched taking the item back."""
+    return sum(1 for e in method.experiments if item_id in e.reverts and _launched(method, e))
+
+
+def measured(method: Method, config: m.ServerConfig, workload: m.BenchSpec | None = None) -> m.Experiment | None:
+    """An experiment that already ran `config` on `workload` (nothing is launched twice as a new experiment)."""
+    key = (workload or method.plan.workload).workload_key()
+    for e in method.experiments:
+        if e.config == config and e.workload.workload_key() == key and method.run_count(e) > 0:
+            return e
+    return None
 
 
 def pool(method: Method, d: Decision) -> tuple[list[m.PlanItem], list[m.PlanItem]]:
@@ -292,8 +355,55 @@ def pool(method: Method, d: Decision) -> tuple[list[m.PlanItem], list[m.PlanItem
     return fresh, again
 
 
+def revert_text(method: Method, item_id: str, by: tuple[str, ...] = ()) -> str:
+    """Why an adopted item is worth taking back, in words: the changes adopted after it made it a brake (or the
+    items `by`, launched with its revert, make it one)."""
+    plan = method.plan
+    if by:
+        who = " + ".join(f"{i} {plan.item(i).title}" for i in by)
+        return f"{who} make{'s' if len(by) == 1 else ''} {item_id} {plan.item(item_id).title} a brake"
+    adopted = method.adopted_by(item_id)
+    later = [i for e in method.chain() if adopted is not None and (e.id or 0) > (adopted.id or 0) for i in e.plan_items]
+    who = " + ".join(f"{i} {plan.item(i).title}" for i in dict.fromkeys(later)) or "the changes adopted since"
+    return f"{who} made {item_id} {plan.item(item_id).title} a brake"
+
+
+def _reverts(method: Method, sur: Surrogate) -> list[Candidate]:
+    """Adopted items the corrected twin predicts the best configuration is better without (beyond nothing yet: the
+    caller keeps those beyond the band)."""
+    out = []
+    for item_id in method.active_items():
+        if item_id not in method.plan.item_ids() or revert_launches(method, item_id) >= REVERTS:
+            continue
+        est = sur.estimate((), (item_id,))
+        if est.source != "twin" or est.crash or est.change_pct is None:
+            continue
+        why = f"{revert_text(method, item_id)}: without it {est.note}"
+        out.append(Candidate((), est, "revert", {}, why, reverts=(item_id,)))
+    return out
+
+
+def _swaps(method: Method, sur: Surrogate, ranked: list[Candidate]) -> list[Candidate]:
+    """The best candidates launched with an adopted item taken back, where the twin predicts that item becomes a
+    brake with them (the candidate gains at least MEMBER_MIN_PCT more without it): one launch instead of two."""
+    active = [i for i in method.active_items() if i in method.plan.item_ids() and revert_launches(method, i) < REVERTS]
+    out = []
+    top = [c for c in ranked if c.estimate.source == "twin" and not c.reverts and c.kind != "revert"][:SWAP_SEEDS]
+    for c in top:
+        for item_id in active:
+            if item_id in c.items:
+                continue
+            est = sur.estimate(c.items, (item_id,))
+            if est.source != "twin" or est.crash or est.change_pct is None or est.change_pct < c.gain + MEMBER_MIN_PCT:
+                continue
+            why = f"{revert_text(method, item_id, c.items)}: {c.label(method.plan)} without it: {est.note}"
+            out.append(Candidate(c.items, est, "revert", dict(c.alone), why, reverts=(item_id,)))
+    return out
+
+
 def candidates(method: Method, d: Decision, surrogate: Surrogate | None = None) -> list[Candidate]:
-    """Every candidate of the opened tiers, best predicted gain first (see the module docstring)."""
+    """Every candidate of the opened tiers, best predicted gain first (see the module docstring); none whose
+    configuration was already measured."""
     sur = surrogate or Surrogate(method)
     plan = method.plan
     band = method.band_pct()
@@ -306,7 +416,7 @@ def candidates(method: Method, d: Decision, surrogate: Surrogate | None = None) 
         est = alone[it.id]
         if est.crash or not est.known:
             continue
-        kind: Literal["single", "combined", "retest"] = "retest" if it.id in retest else "single"
+        kind: Literal["single", "combined", "retest", "revert"] = "retest" if it.id in retest else "single"
         why = est.note
         if kind == "retest":
             last = method.final(it)[-1]
@@ -364,51 +474,73 @@ def candidates(method: Method, d: Decision, surrogate: Surrogate | None = None) 
         # a combined step is for items that interact: one of them does not pay alone
         if any(v is None or v < band for v in c.alone.values()):
             out.append(c)
-    out.sort(key=lambda c: (-c.gain, len(c.items), c.items))
+    out += _reverts(method, sur)
+    out += _swaps(method, sur, sorted(out, key=lambda c: -c.gain))
+    out = [c for c in out if measured(method, c.estimate.config) is None]
+    out.sort(key=lambda c: (-c.gain, len(c.items) + len(c.reverts), c.items, c.reverts))
     return out
 
 
-# ---- the next step
+# ---- the steps
 
 
 @dataclass
 class Step:
-    """What the search proposes next."""
+    """One step the search (or the plan's order) proposes: a launch, or an item settled without one."""
 
-    action: Literal["launch", "predicted", "rule_out"]
+    action: Literal["launch", "predicted", "ruled_out", "not_measured"]
     items: tuple[str, ...]
     reason: str
     candidate: Candidate | None = None
+    reverts: tuple[str, ...] = ()
+    flags: str | None = None  # a bounded retry's cap, when the user asked for it
+    baseline: bool = False  # the item's own workload measured first (its baseline)
+    experiment_id: int | None = None  # a rerun of this experiment (what was asked for ran already: a run more)
+
+    def launch_args(self) -> dict[str, object]:
+        """launch_server's arguments for this launch."""
+        if self.experiment_id is not None:
+            return {"experiment_id": self.experiment_id}
+        args: dict[str, object] = {"baseline": True} if self.baseline else {}
+        if len(self.items) > 1:
+            args["plan_items"] = list(self.items)
+        elif self.items:
+            args["plan_item"] = self.items[0]
+        if self.reverts:
+            args["revert_items"] = list(self.reverts)
+        if self.flags:
+            args["flags"] = self.flags
+        return args
 
 
-def next_step(method: Method, d: Decision, validate) -> Step | None:
-    """The search's next step in the opened tiers, or None when it has nothing (the plain path goes on: requested
-    items, items on their own workload, profiles, items it cannot predict). `validate` is the engine's audit."""
-    if not method.settings.search or d.stopped_at is not None:
-        return None
-    plan = method.plan
-    nxt = method.next_item(d)
-    if nxt is not None and any(r == nxt.id for r, _ in d.requested):
-        return None  # the user named it at a pivot: it is launched as asked, whatever the twin says
+def ranked_steps(method: Method, d: Decision, validate) -> list[Step]:
+    """The search's steps in the opened tiers, in the order it would take them: items the engine refuses or ignores
+    ruled out; candidates predicted beyond the noise band; items the twin says crash but the plan expects much of;
+    items predicted inside the band (recorded as predicted); items ranked by the plan's expected impact. `validate` is
+    the engine's audit. Empty with the search off."""
+    if not method.settings.search:
+        return []
     fresh, _ = pool(method, d)
+    out: list[Step] = []
     for item in fresh:
         issues = item_issues(method, validate, item)
         blocking = [i for i in issues if i.blocking]
         if blocking:
             why = "; ".join(f"{i.flag}: {i.message or i.status}" for i in blocking)
-            return Step("rule_out", (item.id,), f"refused before launch: {why}")
-        why = noop_reason(issues, item)
-        if why is not None:
-            return Step("rule_out", (item.id,), why)
+            out.append(Step("ruled_out", (item.id,), f"refused before launch: {why}"))
+        elif (why := noop_reason(issues, item)) is not None:
+            out.append(Step("ruled_out", (item.id,), why))
+    settled = {s.items[0] for s in out}
+    fresh = [it for it in fresh if it.id not in settled]
     sur = Surrogate(method)
     band = method.band_pct()
     ranked = candidates(method, d, sur)
-    for c in ranked:
-        if c.gain >= band:
-            return Step("launch", c.items, c.why, c)
+    out += [
+        Step("launch", c.items, c.why, c, c.reverts) for c in ranked if c.gain >= band and c.estimate.source == "twin"
+    ]
     for item in fresh:
         est = sur.estimate((item.id,))
-        if est.crash and _promising(method, item):
+        if est.crash and _promising(method, item) and measured(method, est.config) is None:
             c = Candidate(
                 (item.id,),
                 est,
@@ -416,62 +548,78 @@ def next_step(method: Method, d: Decision, validate) -> Step | None:
                 {item.id: None},
                 f"{est.note}; the plan expects a large gain: measured anyway",
             )
-            return Step("launch", (item.id,), c.why, c)
+            out.append(Step("launch", (item.id,), c.why, c))
+    launching = {i for s in out if s.action == "launch" for i in s.items}
     for item in fresh:
         est = sur.estimate((item.id,))
-        if est.source == "twin" and (est.known or est.crash):
-            what = (
-                f"{_pct(est.change_pct or 0)}, inside the {band:.1f}% noise band"
-                if est.known and (est.change_pct or 0) > -band
-                else f"a loss ({_pct(est.change_pct or 0)})"
-                if est.known
-                else "a crash"
-            )
-            noops = [i.flag for i in item_issues(method, validate, item) if i.status == "noop"]
-            noop = (
-                f" ({', '.join(noops)} {'is' if len(noops) == 1 else 'are'} accepted but read nowhere: no-op)"
-                if noops
-                else ""
-            )
-            return Step(
-                "predicted",
-                (item.id,),
-                f"not launched: predicted {what}: {est.note}{noop}. A prediction, not a measurement; "
-                "name the item at a pivot to measure it",
-                Candidate((item.id,), est, "single", {item.id: est.change_pct}),
-            )
-    for c in ranked:  # items the twin cannot predict, ranked by the plan's expected impact
-        if c.estimate.source == "plan" and not method.done(plan.item(c.items[0])):
-            return Step("launch", c.items, c.why, c)
-    return None
+        if est.source != "twin" or not (est.known or est.crash) or item.id in launching:
+            continue
+        out.append(Step("predicted", (item.id,), _predicted_reason(method, validate, item, est, band), Candidate(
+            (item.id,), est, "single", {item.id: est.change_pct})))  # fmt: skip
+    out += [
+        Step("launch", c.items, c.why, c)
+        for c in ranked
+        if c.estimate.source == "plan" and not method.done(method.plan.item(c.items[0]))
+    ]
+    return out
 
 
-def next_steps(method: Method, d: Decision, validate, limit: int) -> list[Step]:
-    """The search's next step and, when it is a launch, up to `limit` launches in all that do not depend on each
-    other's outcome: the candidates the twin cannot rank against the first (predicted within the noise band of its
-    gain, so only a measurement tells them apart; or, unpredictable, ranked by the plan), on the same best
-    configuration, no item in two of them. An executor runs them at once (`--parallel`); the method judges them
-    when all are in. A candidate the twin ranks clearly below the first is left for a later step (it would most
-    likely be superseded), and a step that is not a launch (a rule-out, a prediction) comes alone."""
-    first = next_step(method, d, validate)
-    if first is None or first.action != "launch" or limit <= 1 or first.candidate is None:
-        return [first] if first is not None else []
-    steps = [first]
+def _predicted_reason(method: Method, validate, item: m.PlanItem, est: Estimate, band: float) -> str:
+    what = (
+        f"{_pct(est.change_pct or 0)}, inside the {band:.1f}% noise band"
+        if est.known and (est.change_pct or 0) > -band
+        else f"a loss ({_pct(est.change_pct or 0)})"
+        if est.known
+        else "a crash"
+    )
+    noops = [i.flag for i in item_issues(method, validate, item) if i.status == "noop"]
+    noop = (
+        f" ({', '.join(noops)} {'is' if len(noops) == 1 else 'are'} accepted but read nowhere: no-op)" if noops else ""
+    )
+    return (
+        f"not launched: predicted {what}: {est.note}{noop}. A prediction, not a measurement; name the item at a "
+        "pivot to measure it"
+    )
+
+
+def next_step(method: Method, d: Decision, validate) -> Step | None:
+    """The search's first step (None when it has nothing)."""
+    steps = ranked_steps(method, d, validate)
+    return steps[0] if steps else None
+
+
+def independent(method: Method, steps: list[Step], limit: int) -> list[Step]:
+    """The first step and, when it is a launch, up to `limit` launches in all that do not depend on each other's
+    outcome: the candidates the twin cannot rank against the first (predicted within the noise band of its gain, so
+    only a measurement tells them apart; or, unpredictable, ranked by the plan), on the same best configuration, no
+    item in two of them. An executor runs them at once (`--parallel`); the method judges them when all are in. A
+    candidate the twin ranks clearly below the first is left for a later step (it would most likely be superseded),
+    a revert goes alone, and a step that is not a launch (a rule-out, a prediction) comes alone."""
+    if not steps:
+        return []
+    first = steps[0]
+    if first.action != "launch" or limit <= 1 or first.candidate is None or first.reverts:
+        return [first]
+    out = [first]
     used = set(first.items)
     band = method.band_pct()
     source = first.candidate.estimate.source
-    for c in candidates(method, d, Surrogate(method)):
-        if len(steps) >= limit:
+    for st in steps[1:]:
+        c = st.candidate
+        if len(out) >= limit:
             break
-        if used & set(c.items) or c.estimate.source != source or c.estimate.crash:
+        if st.action != "launch" or c is None or st.reverts or used & set(st.items) or c.estimate.source != source:
             continue
-        if source == "twin" and (c.gain < band or c.gain < first.candidate.gain - band):
+        if c.estimate.crash or (source == "twin" and (c.gain < band or c.gain < first.candidate.gain - band)):
             continue
-        if source == "plan" and any(method.done(method.plan.item(i)) for i in c.items):
-            continue
-        steps.append(Step("launch", c.items, c.why, c))
-        used |= set(c.items)
-    return steps
+        out.append(st)
+        used |= set(st.items)
+    return out
+
+
+def next_steps(method: Method, d: Decision, validate, limit: int) -> list[Step]:
+    """The search's next step and the launches beside it that do not depend on its outcome (see `independent`)."""
+    return independent(method, ranked_steps(method, d, validate), limit)
 
 
 def _promising(method: Method, item: m.PlanItem) -> bool:
@@ -480,7 +628,11 @@ def _promising(method: Method, item: m.PlanItem) -> bool:
 
 
 def record_fields(
-    method: Method, items: list[str], baseline: bool = False, config: m.ServerConfig | None = None
+    method: Method,
+    items: list[str],
+    baseline: bool = False,
+    config: m.ServerConfig | None = None,
+    reverts: list[str] | None = None,
 ) -> dict[str, object]:
     """The prediction to record on a new experiment (fields of m.Experiment): empty when there is none."""
     try:
@@ -488,16 +640,20 @@ def record_fields(
         if baseline:
             top = max(sur.workload.concurrency)
             r = sur.predictor.predict(method.base_config(), sur.workload, top) if sur.predictor else None
-            if r is None or r.tok_s is None:
+            v = sur.value(r) if r is not None else None
+            if v is None:
                 return {}
             return {
-                "predicted_tok_s": r.tok_s,
-                "prediction": f"the twin predicts {r.tok_s:,.0f} output tok/s at concurrency {top} (uncorrected: the "
-                "baseline is what corrects it)",
+                "predicted_tok_s": v,
+                "prediction": f"the twin predicts {v:,.0f} {sur.objective.unit} at concurrency {top} (uncorrected: "
+                "the baseline is what corrects it)",
             }
-        if not items or not all(i in method.plan.item_ids() for i in items):
+        if not all(i in method.plan.item_ids() for i in [*items, *(reverts or [])]) or not (items or reverts):
             return {}
-        est = sur.estimate_config(tuple(items), config) if config is not None else sur.estimate(tuple(items))
+        if reverts:
+            est = sur.estimate(tuple(items), tuple(reverts))
+        else:
+            est = sur.estimate_config(tuple(items), config) if config is not None else sur.estimate(tuple(items))
     except Exception:
         return {}
     if est.source == "none" and not est.note:
@@ -507,45 +663,3 @@ def record_fields(
         "predicted_change_pct": est.change_pct if est.source == "twin" else None,
         "prediction": est.note or None,
     }
-
-
-def options(method: Method, d: Decision, validate, limit: int = 3) -> list[tuple[str, str]]:
-    """The search's next candidates in the opened tiers as pivot options: (answer text, sentence)."""
-    if not method.settings.search:
-        return []
-    try:
-        ranked = candidates(method, d)
-    except Exception:
-        return []
-    worth = [c for c in ranked if c.estimate.source == "plan" or c.gain >= 0.1]
-    return [option_text(method, c) for c in worth[:limit]]
-
-
-def launchable(method: Method, d: Decision, validate) -> list[tuple[str, str]]:
-    """The options for the candidates the search would launch (predicted beyond the noise band)."""
-    band = method.band_pct()
-    return [o for o, c in zip(options(method, d, validate, 10), _worth(method, d), strict=False) if c.gain >= band][:1]
-
-
-def _worth(method: Method, d: Decision) -> list[Candidate]:
-    return [c for c in candidates(method, d) if c.estimate.source == "plan" or c.gain >= 0.1]
-
-
-def option_text(method: Method, c: Candidate) -> tuple[str, str]:
-    plan = method.plan
-    cost = "1 launch, 2 if it gains (a second run confirms or rejects a gain)"
-    if c.kind == "combined":
-        head = f"test {'+'.join(c.items)} together"
-        what = f"one experiment combining {c.label(plan)}"
-    elif c.kind == "retest":
-        head = f"{c.items[0]} {plan.item(c.items[0]).title}: retest it on the new best"
-        what = "the item again on top of the best configuration"
-    else:
-        head = f"{c.items[0]} {plan.item(c.items[0]).title}: test it next"
-        what = "the item on top of the best configuration"
-    pred = (
-        f"the twin predicts {_pct(c.estimate.change_pct)}"
-        if c.estimate.source == "twin" and c.estimate.change_pct is not None
-        else c.estimate.note
-    )
-    return head, f"{head}: runs {what}; {cost}; {pred}"

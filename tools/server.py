@@ -66,17 +66,19 @@ def audit_flags(
     flags: str | None = None,
     remove_flags: list[str] | None = None,
     plan_items: list[str] | None = None,
+    revert_items: list[str] | None = None,
 ) -> FlagAudit:
     """Check a command line with the engine's own parser before spending GPU time on it.
 
     The command line audited is the best configuration so far, changed by `plan_item` (its flags) or by every item
     of `plan_items` (a combined step), then by `remove_flags` and `flags` (extra flags, SGLang spelling, e.g.
-    "--chunked-prefill-size 16384"). With none of them, the best configuration itself. `would_start` false means the server would refuse to start: rule the
+    "--chunked-prefill-size 16384"); `revert_items` audits the best configuration rebuilt without those adopted
+    items (a revert). With none of them, the best configuration itself. `would_start` false means the server would refuse to start: rule the
     item out (record_verdict with plan_item and verdict ruled_out) instead of launching. `noop_flags` are accepted
     but do nothing in this engine version: say so in the verdict.
     """
     method = Method.read(ctx.deps.store, ctx.deps.id)
-    config = proposed_config(method, plan_item, flags, remove_flags, plan_items)
+    config = proposed_config(method, plan_item, flags, remove_flags, plan_items, revert_items)
     issues = audit_issues(ctx.deps, config)
     shown = [i for i in issues if i.status != "ok"]
     audit = FlagAudit(
@@ -99,6 +101,7 @@ def launch_server(
     experiment_id: int | None = None,
     hypothesis: str = "",
     plan_items: list[str] | None = None,
+    revert_items: list[str] | None = None,
 ) -> LaunchResult:
     """Record an experiment and start its server; returns when the server is ready (or why it is not).
 
@@ -108,6 +111,8 @@ def launch_server(
       item's workload. `flags`/`remove_flags` adjust further (SGLang spelling).
     - plan_items=["05", "06"]: a combined step, the named items' changes together as one experiment (for items
       that pay off only together); every item is named in the ledger and the reports.
+    - revert_items=["01"]: take adopted items back: the best configuration rebuilt from its chain of adopted
+      changes without them (when a later change made them a brake); plan_item/plan_items may add items to it.
     - experiment_id=N: relaunch experiment N's exact configuration, to rerun its benchmark (a rerun adds a run to
       the same experiment; use it when a gain is inside the noise).
     The flags are audited first: flags the engine would refuse are not launched (status "refused"). A server that
@@ -126,6 +131,7 @@ def launch_server(
         baseline=baseline,
         experiment_id=experiment_id,
         hypothesis=hypothesis,
+        reverts=revert_items,
     )
     return _launch(session, method, e)
 
@@ -244,6 +250,7 @@ class StepMember(BaseModel):
     baseline: bool = False
     experiment_id: int | None = Field(default=None, description="Rerun this experiment (adds a run to it).")
     flags: str | None = Field(default=None, description="Only the bounded crash retry: '--max-running-requests N'.")
+    revert_items: list[str] | None = Field(default=None, description="Adopted items to take back (a revert).")
     hypothesis: str = ""
     runs: int = Field(
         default=1,
@@ -286,8 +293,8 @@ def run_experiments(ctx: RunContext[Session], experiments: list[StepMember]) -> 
     recorded: list[m.Experiment] = []
     for member in experiments:
         method = Method.read(session.store, session.id)
-        args = member.model_dump(exclude={"plan_items", "runs"})
-        e = record_step(session, method, **args, plan_items=member.plan_items)
+        args = member.model_dump(exclude={"plan_items", "runs", "revert_items"})
+        e = record_step(session, method, **args, plan_items=member.plan_items, reverts=member.revert_items)
         if any(x.id == e.id for x in recorded):
             raise ModelRetry(f"experiment {e.id} is named twice in this step")
         recorded.append(e)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import statistics
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal
@@ -187,6 +188,17 @@ class BenchLevel(BaseModel):
         if isinstance(self.request_rate, int | float) and math.isfinite(self.request_rate):
             return float(self.request_rate)
         return None if self.max_concurrency is None else float(self.max_concurrency)
+
+    @staticmethod
+    def noise_pct(values: Sequence[float]) -> float | None:
+        """The noise of repeated runs of one level: twice the standard error of their mean, in % of the mean (for
+        two runs their spread (max - min) / mean; each further run narrows it); None for fewer than two."""
+        if len(values) < 2:
+            return None
+        mean = statistics.fmean(values)
+        if mean <= 0:
+            return None
+        return 2 * statistics.stdev(values) / math.sqrt(len(values)) / mean * 100
 
     @classmethod
     def mean(cls, levels: Sequence[BenchLevel]) -> BenchLevel:

@@ -72,6 +72,14 @@ class Experiment(_Model):
         default=None, description="The predicted change against the base experiment's measured mean, in %."
     )
     prediction: str | None = Field(default=None, description="Where the prediction comes from, in words.")
+    reverts: list[str] = Field(
+        default_factory=list,
+        description="Adopted plan items this experiment takes back: its config is the best configuration rebuilt "
+        "from the chain of adopted changes without them (a revert; `plan_items` then names what it adds, if any).",
+    )
+    revert_why: str | None = Field(
+        default=None, description="Why the items are taken back, in words (e.g. a later change made them a brake)."
+    )
     placement: Placement | None = Field(
         default=None, description="Where its server last ran (an executor's task); None for a server of this process."
     )
@@ -120,6 +128,11 @@ class Pivot(_Model):
     answer: str | None = None
     tool_call_id: str | None = Field(default=None, description="The deferred ask_user call the answer resumes.")
     summary_path: str | None = None
+    closes_tiers: list[int] | None = Field(
+        default=None,
+        description="The tiers this pivot closed: their work was done when it was asked (written by ask_user from "
+        "the method's moves at that moment, never recomputed). None on pivots recorded before tier ends were kept.",
+    )
     asked_at: datetime = Field(default_factory=utcnow)
     answered_at: datetime | None = None
 

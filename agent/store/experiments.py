@@ -10,7 +10,9 @@ from agent.errors import PivotError
 from agent.store.core import StoreCore
 from agent.store.rows import RowMap, _fit
 
-EXPERIMENTS = RowMap(m.Experiment, json=("plan_items", "config", "workload", "audit", "not_modelled", "placement"))
+EXPERIMENTS = RowMap(
+    m.Experiment, json=("plan_items", "config", "workload", "audit", "not_modelled", "placement", "reverts")
+)
 # A sweep's levels and a level's GPUs have tables of their own: their rows are written and read explicitly.
 BENCH_RUNS = RowMap(m.BenchResult, json=("spec", "placement", "capacity"), exclude=frozenset({"levels"}))
 TELEMETRY = RowMap(m.Telemetry, json=("server_metrics",), exclude=frozenset({"gpus"}))

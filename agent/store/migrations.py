@@ -428,3 +428,12 @@ def _m013_investigations(db: Database) -> None:
 def _m014_capacity(db: Database) -> None:
     """A capacity search's bracket per benchmark run: the highest load that met the SLOs and the levels around it."""
     db["bench_runs"].add_column("capacity_json", str)
+
+
+@migration
+def _m015_reverts_and_tier_ends(db: Database) -> None:
+    """What an experiment takes back (adopted items it reverts, and why), and the tiers a pivot closed when it was
+    asked: a tier's end is an event of the ledger, not a reading of later verdicts."""
+    db["experiments"].add_column("reverts_json", str)
+    db["experiments"].add_column("revert_why", str)
+    db["pivots"].add_column("closes_tiers_json", str)

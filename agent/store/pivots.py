@@ -9,7 +9,7 @@ from agent.errors import PivotError
 from agent.store.core import StoreCore
 from agent.store.rows import RowMap, _ts
 
-PIVOTS = RowMap(m.Pivot, json=("options",))
+PIVOTS = RowMap(m.Pivot, json=("options", "closes_tiers"))
 
 
 class PivotsMixin(StoreCore):

@@ -1,7 +1,17 @@
-"""The method: its reading of the ledger (reading.py: Method, Judgement, Decision, interpret, the answers at
-pivots) and its rules, enforced for every model (guard.py: RULES, the checks, MethodGuard, method_text).
-Callers import from here: `from tools.method import Method, MethodGuard`."""
+"""The method: its reading of the ledger (reading.py: Method, Judgement; objective.py: what is judged and the noise
+statistic; answers.py: what the answers at pivots decide), its moves (moves.py: everything that may happen next,
+one value for every reader), and its rules, enforced for every model (guard.py: RULES, MethodGuard, method_text).
+Callers import from here: `from tools.method import Method, Moves, MethodGuard`."""
 
+from tools.method.answers import (
+    CONTINUE_WORDS,
+    STOP_ANSWERS,
+    STOP_WORDS,
+    Decision,
+    decision,
+    interpret,
+    understood,
+)
 from tools.method.guard import (
     GUARDED_TOOLS,
     MIN_OPTIONS,
@@ -11,25 +21,28 @@ from tools.method.guard import (
     Check,
     MethodGuard,
     Rule,
-    baseline_runs_needed,
     method_text,
     refusal,
 )
+from tools.method.moves import (
+    BENCHMARK_REFUSED,
+    Moves,
+    PivotDue,
+    Refusal,
+    baseline_runs_needed,
+    permitted,
+)
+from tools.method.objective import THROUGHPUT, Objective, noise_pct, objective_for
 from tools.method.reading import (
-    CONTINUE_WORDS,
     REFUSED_FAILURES,
-    STOP_ANSWERS,
-    STOP_WORDS,
-    Decision,
     Judgement,
     Method,
     Suggestion,
-    interpret,
     not_measured_text,
-    understood,
 )
 
 __all__ = [
+    "BENCHMARK_REFUSED",
     "CONTINUE_WORDS",
     "GUARDED_TOOLS",
     "MIN_OPTIONS",
@@ -38,18 +51,27 @@ __all__ = [
     "RULES",
     "STOP_ANSWERS",
     "STOP_WORDS",
+    "THROUGHPUT",
     "Args",
     "Check",
     "Decision",
     "Judgement",
     "Method",
     "MethodGuard",
+    "Moves",
+    "Objective",
+    "PivotDue",
+    "Refusal",
     "Rule",
     "Suggestion",
     "baseline_runs_needed",
+    "decision",
     "interpret",
     "method_text",
+    "noise_pct",
     "not_measured_text",
+    "objective_for",
+    "permitted",
     "refusal",
     "understood",
 ]

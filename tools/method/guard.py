@@ -1,12 +1,14 @@
-"""The method's rules (RULES), one check per rule, and MethodGuard: the rules enforced for every model in one
-place, around every toolset of the agent; method_text() is the method as the model reads it."""
+"""The method's rules (RULES: the method as the model reads it) and MethodGuard: the rules enforced for every model
+in one place, around every toolset of the agent. What is allowed is one value, the method's moves
+(tools/method/moves.py): the guard refuses exactly what the moves do not contain, naming the moves that are
+allowed, and shows the model only what they contain (tools that cannot be called now are hidden, and the plan
+items, experiments and verdicts a tool may take are the only values its schema offers)."""
 
 from __future__ import annotations
 
-import re
+import copy
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic_ai import ModelRetry, RunContext
@@ -14,20 +16,10 @@ from pydantic_ai.toolsets import WrapperToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 
 from agent.session import Session
-from tools.method.reading import (
-    Decision,
-    Method,
-)
-
-# ---- the guard: the method's rules, enforced for every model in one place
-#
-# RULES is the method as the model reads it (agent/loop.py builds its METHOD text from these) and as MethodGuard
-# enforces it: a rule with a `check` refuses a tool call that breaks it before the tool runs (so a refused call
-# leaves no experiment, no server and no verdict behind), with the reason and the numbers as a retry for the
-# model. A rule `enforced_by` a tool is checked inside that tool (record_verdict judges the numbers itself).
+from tools.method.moves import Moves, baseline_runs_needed
 
 Args = dict[str, Any]
-Check = Callable[["Method", Session, str, Args], "str | None"]
+Check = Callable[["Moves", Session, str, Args], "str | None"]
 
 MIN_QUESTION_CHARS = 12
 STEP_MEMBER = "__member_of_a_step"  # marks a run_experiments member checked by the launch rules
@@ -36,7 +28,8 @@ MIN_OPTIONS = 1
 
 @dataclass(frozen=True)
 class Rule:
-    """One rule of the method: its text for the model, and how it is enforced (a check here, a tool, or not)."""
+    """One rule of the method: its text for the model, and how it is enforced (by the moves, a check here, a tool,
+    or not at all)."""
 
     key: str
     text: str
@@ -48,157 +41,17 @@ class Rule:
         return self.check is not None or self.enforced_by is not None
 
 
-def baseline_runs_needed(method: Method) -> int:
-    """Runs of a baseline before any change is measured against it: two at least (their spread is the noise)."""
-    return max(2, 1 + method.settings.reruns)
-
-
-def _launch_items(method: Method, args: Args) -> list[str]:
-    items = [str(x) for x in (args.get("plan_items") or [])]
-    if not items and args.get("plan_item") is not None:
-        items = [str(args["plan_item"])]
-    return [i for i in items if i in method.plan.item_ids()]
-
-
-def _is_rerun(args: Args) -> bool:
-    return args.get("experiment_id") is not None
-
-
-def _new_experiment(tool: str, args: Args) -> bool:
-    """Whether the call records a new experiment: a launch that is not a rerun, or an item ruled out by id."""
-    if tool == "launch_server":
-        return not _is_rerun(args)
-    return tool == "record_verdict" and args.get("experiment_id") is None and args.get("plan_item") is not None
-
-
-def _check_documents(method: Method, session: Session, tool: str, args: Args) -> str | None:
-    if not _new_experiment(tool, args):
-        return None
-    written = {d.plan_item for d in session.store.documents(session.id) if d.kind == "improvement"}
-    missing = [i for i in method.plan.item_ids() if i not in written]
-    if not missing:
-        return None
-    return (
-        f"write the improvement documents before the first experiment: {len(missing)} of "
-        f"{len(method.plan.items)} missing ({', '.join(missing[:8])}{', ...' if len(missing) > 8 else ''}); "
-        "call write_improvement_doc for each"
-    )
-
-
-def _check_baseline_rerun(method: Method, session: Session, tool: str, args: Args) -> str | None:
-    if tool != "launch_server" or _is_rerun(args) or args.get("baseline"):
-        return None
-    items = _launch_items(method, args)
-    workload = method.plan.item(items[0]).workload_for(method.plan.workload) if items else method.plan.workload
-    base = method.baseline(workload)
-    need = baseline_runs_needed(method)
-    if base is None or method.run_count(base) == 0:
-        how = f"baseline=True and plan_item={items[0]!r}" if items and method.plan.item(items[0]).workload else ""
+def _check_step(moves: Moves, session: Session, tool: str, args: Args) -> str | None:
+    settings = moves.method.settings
+    if tool == "launch_server" and settings.executor is not None and not args.get(STEP_MEMBER):
         return (
-            "measure the baseline first (launch_server with "
-            + (how or "baseline=True")
-            + ", run_benchmark), then rerun it (launch_server with its experiment_id, run_benchmark)"
-        )
-    runs = method.run_count(base)
-    if runs < need:
-        return (
-            f"the baseline (experiment {base.id}) has {runs} run of the {need} that measure the noise: rerun it "
-            f"first (launch_server experiment_id={base.id}, run_benchmark), then record_verdict verdict=baseline"
-        )
-    return None
-
-
-def _allowed_items(method: Method, d: Decision) -> tuple[set[str], str]:
-    """The items a step may name now, and why those."""
-    plan = method.plan
-    asked = {i for i, since in d.requested if d.stopped_at is None or since > d.stopped_at}
-    if d.stopped_at is not None:
-        return asked, "the user answered stop" + (f"; asked for since: {', '.join(sorted(asked))}" if asked else "")
-    released = {it.id for it in plan.items if it.tier in d.released}
-    tiers = ", ".join(str(t) for t in sorted(d.released))
-    return released | asked, f"released tiers: {tiers}" + (f"; asked for: {', '.join(sorted(asked))}" if asked else "")
-
-
-def _check_released(method: Method, session: Session, tool: str, args: Args) -> str | None:
-    if tool not in ("launch_server", "record_verdict") or not _new_experiment(tool, args):
-        return None
-    if tool == "launch_server" and args.get("baseline") and not _launch_items(method, args):
-        return None  # the plan's own baseline
-    items = _launch_items(method, args) if tool == "launch_server" else [str(args.get("plan_item"))]
-    d = method.decision()
-    allowed, why = _allowed_items(method, d)
-    blocked = [i for i in items if i not in allowed]
-    if not blocked:
-        return None
-    tiers = ", ".join(f"{i} (tier {method.plan.item(i).tier})" for i in blocked if i in method.plan.item_ids())
-    return (
-        f"item {tiers or ', '.join(blocked)} is not released: {why}. Only the user's answer at a pivot releases "
-        "the next tier or asks for an item (write_status_summary, then ask_user)"
-    )
-
-
-def _parse_retry_flags(flags: str) -> int | None:
-    found = re.fullmatch(r"\s*--max-running-requests(?:\s+|=)(\d+)\s*", flags or "")
-    return int(found.group(1)) if found else None
-
-
-def _check_one_change(method: Method, session: Session, tool: str, args: Args) -> str | None:
-    if tool != "launch_server" or _is_rerun(args):
-        return None
-    flags, remove = args.get("flags"), args.get("remove_flags")
-    if args.get("baseline"):
-        if flags or remove:
-            return "a baseline runs the plan's base flags as they are: launch_server baseline=True without flags"
-        return None
-    items = _launch_items(method, args)
-    named = [str(x) for x in (args.get("plan_items") or [])] or (
-        [str(args["plan_item"])] if args.get("plan_item") else []
-    )
-    unknown = [i for i in named if i not in method.plan.item_ids()]
-    if unknown:
-        return f"no plan item {', '.join(unknown)}; items: {', '.join(method.plan.item_ids())}"
-    if not items:
-        return (
-            "a change is a plan item on top of the best configuration: name it (plan_item, or plan_items for a "
-            "combined step); extra flags alone are not a step of the plan"
-        )
-    code = [i for i in items if method.plan.item(i).kind == "code"]
-    if code:
-        return f"item {', '.join(code)} is a code change for the user: its document says what; there is nothing to run"
-    if remove:
-        return (
-            f"launch the best configuration plus item {', '.join(items)} as the plan writes it: remove_flags "
-            f"{remove} is a change of its own"
-        )
-    if not flags:
-        return None
-    n = _parse_retry_flags(flags)
-    last = next((e for e in reversed(method.experiments) if e.plan_items == items and e.kind == "change"), None)
-    failed = method.failed_levels(last) if last is not None else []
-    if n is None or last is None or not failed:
-        return (
-            f"one change at a time: the step is the best configuration ({method.best_config()}) plus item "
-            f"{', '.join(items)}; extra flags {flags!r} are refused. The one exception: after the item crashed "
-            "under load, flags='--max-running-requests N' below the first level that failed"
-        )
-    if not 1 <= n < min(failed):
-        return (
-            f"the bounded retry of item {', '.join(items)} caps --max-running-requests below {min(failed)}, the "
-            f"first level that failed in experiment {last.id} (failed at {', '.join(map(str, failed))}); got {n}"
-        )
-    return None
-
-
-def _check_step(method: Method, session: Session, tool: str, args: Args) -> str | None:
-    if tool == "launch_server" and method.settings.executor is not None and not args.get(STEP_MEMBER):
-        return (
-            f"this session's servers run on its executor ({method.settings.executor}), not in this process: "
+            f"this session's servers run on its executor ({settings.executor}), not in this process: "
             "run_experiments with this launch as its one member"
         )
     if tool != "run_experiments":
         return None
     members = [dict(x) for x in (args.get("experiments") or []) if isinstance(x, dict)]
-    parallel = method.settings.parallel
+    parallel = settings.parallel
     runs = sum(max(int(x.get("runs") or 1), 1) for x in members)
     if runs > parallel:
         return (
@@ -208,7 +61,9 @@ def _check_step(method: Method, session: Session, tool: str, args: Args) -> str 
     seen: set[str] = set()
     for member in members:
         rerun = member.get("experiment_id")
-        items = [f"experiment {rerun}"] if rerun is not None else _launch_items(method, member)
+        items = [f"experiment {rerun}"] if rerun is not None else [
+            *(str(x) for x in member.get("plan_items") or []), *([str(member["plan_item"])] if member.get("plan_item") and not member.get("plan_items") else [])
+        ]  # fmt: skip
         twice = [i for i in items if i in seen]
         if twice:
             return f"{', '.join(twice)} is named twice in one step: each member is its own experiment"
@@ -216,38 +71,7 @@ def _check_step(method: Method, session: Session, tool: str, args: Args) -> str 
     return None
 
 
-def _tier_finished_at(method: Method, tier: int) -> datetime | None:
-    """When the tier's last item was settled, if every item of it is done (None otherwise, or with nothing run)."""
-    items = method.plan.tier_items(tier)
-    if not items or not all(method.done(it) for it in items):
-        return None
-    times = [e.finished_at or e.created_at for it in items for e in method.final(it)]
-    return max(times) if times else None
-
-
-def _check_pivot_after_tier(method: Method, session: Session, tool: str, args: Args) -> str | None:
-    if not _new_experiment(tool, args):
-        return None
-    if tool == "launch_server" and args.get("baseline") and not _launch_items(method, args):
-        return None
-    items = _launch_items(method, args) if tool == "launch_server" else [str(args.get("plan_item"))]
-    tiers_of_step = {method.plan.item(i).tier for i in items if i in method.plan.item_ids()}
-    last_pivot = max((p.asked_at for p in method.pivots), default=None)
-    d = method.decision()
-    for tier in sorted(d.released):
-        at = _tier_finished_at(method, tier)
-        if at is None or (last_pivot is not None and at <= last_pivot) or tiers_of_step <= {tier}:
-            continue  # not finished, or asked about since, or a retest within the tier itself
-        name = method.plan.tiers.get(tier, "")
-        return (
-            f"Tier {tier}{f' ({name})' if name else ''} is finished: stop at a pivot before an item of another "
-            f"tier ({', '.join(items)}): write_status_summary with a question and options, then ask_user with the "
-            "same"
-        )
-    return None
-
-
-def _check_question(method: Method, session: Session, tool: str, args: Args) -> str | None:
+def _check_question(moves: Moves, session: Session, tool: str, args: Args) -> str | None:
     if tool not in ("ask_user", "write_status_summary"):
         return None
     question = str(args.get("question") or "").strip()
@@ -262,6 +86,8 @@ def _check_question(method: Method, session: Session, tool: str, args: Args) -> 
         return f"a pivot offers distinct options (what each would run, and 'stop'); got {options}"
     return None
 
+
+MOVES = "moves"  # enforced by the method's moves (tools/method/moves.py)
 
 RULES: list[Rule] = [
     Rule("todo", "Keep a todo list (todo_write) that follows the plan: read the plan with plan_read."),
@@ -279,41 +105,50 @@ RULES: list[Rule] = [
     Rule(
         "documents",
         "Write the improvement document of every plan item (write_improvement_doc) before the first experiment.",
-        _check_documents,
+        enforced_by=MOVES,
     ),
     Rule(
         "baseline",
         "Measure a baseline first (launch_server baseline=True, without flags; run_benchmark), then rerun it "
-        "(launch_server with its experiment_id, run_benchmark): the spread between the runs is the measured noise; "
-        "record_verdict verdict=baseline. No change is launched before the rerun. An item that changes the "
+        "(launch_server with its experiment_id, run_benchmark): the runs measure the noise (twice the standard "
+        "error of their mean; when that band is too wide to tell the plan's changes apart, the method asks for up "
+        "to two more runs); record_verdict verdict=baseline. No change is launched before. An item that changes the "
         "workload gets its own baseline on it (baseline=True with that plan_item).",
-        _check_baseline_rerun,
+        enforced_by=MOVES,
+    ),
+    Rule(
+        "judge_first",
+        "Record the verdict of every measured experiment (or rerun it when its judgement asks) before the next "
+        "launch: the best configuration the next change builds on depends on it.",
+        enforced_by=MOVES,
     ),
     Rule(
         "released",
         "Work only on items of the released tiers (the first tier at the start; the next one when the user "
-        "answers 'continue' after a finished tier) and on items the user asked for at a pivot; after 'stop', "
-        "only items asked for since.",
-        _check_released,
+        "answers 'continue' at the pivot that closed the last one) and on items the user asked for at a pivot; "
+        "after 'stop', only items asked for since.",
+        enforced_by=MOVES,
     ),
     Rule(
         "one_change",
         "One change at a time, on top of the best configuration so far: launch_server with plan_item (or "
         "plan_items for a combined step of several items), without extra flags; rerun an experiment with its "
-        "experiment_id. The one exception: after an item crashed under load, retry it once capped, "
-        "flags='--max-running-requests N' below the first level that failed. audit_flags first; if the engine "
-        "would refuse the flags, record_verdict with plan_item and verdict ruled_out, without launching. If the "
-        "engine is simulated and does not model the flags the item changes, record_verdict with plan_item and "
+        "experiment_id; nothing measured is launched again as a new experiment. Take an adopted item back with "
+        "revert_items (the best configuration rebuilt from its adopted changes without it) when a later change "
+        "made it a brake. The one exception to no extra flags: after an item crashed under load, retry it once "
+        "capped, flags='--max-running-requests N' below the first level that failed. audit_flags first; if the "
+        "engine would refuse the flags, record_verdict with plan_item and verdict ruled_out, without launching. If "
+        "the engine is simulated and does not model the flags the item changes, record_verdict with plan_item and "
         "verdict not_measured, without launching (its numbers could not show the change: it needs a GPU). A code "
         "item is documented for the user; there is nothing to run.",
-        _check_one_change,
+        enforced_by=MOVES,
     ),
     Rule(
         "verdict",
-        "Record each verdict by the numbers run_benchmark returns: adopted only beyond the noise band, a gain "
-        "inside it rerun before it is called no_gain, regressed beyond the band the other way, crashed with the "
-        "classified reason; name no-op flags in the reason. stop_server after each.",
-        enforced_by="record_verdict",
+        "Record each verdict by the numbers run_benchmark returns (its judgement permits exactly one): adopted only "
+        "beyond the noise band, a gain inside it rerun before it is called no_gain, regressed beyond the band the "
+        "other way, crashed with the classified reason; name no-op flags in the reason. stop_server after each.",
+        enforced_by=MOVES,
     ),
     Rule(
         "profile",
@@ -323,10 +158,11 @@ RULES: list[Rule] = [
     Rule("docs_after", "After each verdict bring the item's document up to date (write_improvement_doc)."),
     Rule(
         "pivot_after_tier",
-        "When a tier is finished, stop at a pivot before an item of another tier: write_status_summary with a question "
-        "and numbered options, then ask_user with the same. Stop at a pivot too after several changes in a row "
-        "without gain and after a promising item crashed. Do what the answer says.",
-        _check_pivot_after_tier,
+        "When the open tiers' work is done, stop at a pivot before anything else: write_status_summary with a "
+        "question and numbered options, then ask_user with the same (that pivot closes those tiers). Stop at a "
+        "pivot too after several changes in a row without gain, after a promising item crashed, and after a "
+        "benchmark the server refused. Do what the answer says.",
+        enforced_by=MOVES,
     ),
     Rule(
         "question",
@@ -336,8 +172,9 @@ RULES: list[Rule] = [
     ),
     Rule(
         "finish",
-        "When every released item is done or the user said stop, write a final status summary and end with a "
-        "short message; the method decides from the ledger whether the campaign is finished.",
+        "When nothing is left to do in the opened tiers or the user said stop, write a final status summary and "
+        "end with a short message; the method decides from the ledger whether the campaign is finished.",
+        enforced_by=MOVES,
     ),
 ]
 
@@ -354,30 +191,144 @@ def method_text() -> str:
     return "\n".join(lines)
 
 
-def refusal(session: Session, tool: str, args: Args) -> str | None:
-    """Why the method refuses this call, or None when it may run. Reads the ledger afresh."""
+def refusal(session: Session, tool: str, args: Args, moves: Moves | None = None) -> str | None:
+    """Why the method refuses this call, or None when it may run: the rule's checks, then the moves (read from the
+    ledger afresh unless given)."""
     if tool not in GUARDED_TOOLS:
         return None  # reads and measurements of a running server change nothing the method rules on
-    checks = [r for r in RULES if r.check is not None]
-    method = Method.read(session.store, session.id)
+    mv = moves or Moves.of(session)
     calls = [(tool, args)]
     if tool == "run_experiments":  # the step's shape, then every member as the launch it stands for
         calls += [
             ("launch_server", {**x, STEP_MEMBER: True}) for x in (args.get("experiments") or []) if isinstance(x, dict)
         ]
     for name, call_args in calls:
-        for rule in checks:
-            assert rule.check is not None
-            why = rule.check(method, session, name, call_args)
+        for rule in RULES:
+            why = rule.check(mv, session, name, call_args) if rule.check is not None else None
             if why is not None:
                 return f"refused by the method ({rule.key}): {why}"
+        refused = mv.refusal(name, {k: v for k, v in call_args.items() if k != STEP_MEMBER})
+        if refused is not None:
+            return refused.text()
     return None
+
+
+# ---- what the model sees: only the tools and the values the moves allow
+
+
+def _enum(schema: dict[str, Any], values: list[Any]) -> dict[str, Any]:
+    """`schema` (a property's) with its string, integer and array-of-those parts limited to `values`."""
+    out = copy.deepcopy(schema)
+
+    def limit(node: dict[str, Any]) -> None:
+        kind = node.get("type")
+        if kind in ("string", "integer"):
+            node["enum"] = values
+        elif kind == "array" and isinstance(node.get("items"), dict):
+            limit(node["items"])
+        for sub in node.get("anyOf", []):
+            if isinstance(sub, dict):
+                limit(sub)
+
+    limit(out)
+    return out
+
+
+def _closed(tool_def: Any, moves: Moves, why: str) -> Any:
+    """A tool that cannot be called now: no parameters to fill, and a description that says why and what can."""
+    allowed = "; ".join(moves.allowed_text()) or "reads and documents"
+    return replace(
+        tool_def,
+        parameters_json_schema={"type": "object", "properties": {}, "additionalProperties": True},
+        description=f"NOT ALLOWED NOW: {why}. Allowed now: {allowed}.\n\n{tool_def.description or ''}",
+    )
+
+
+def _restrict(tool_def: Any, moves: Moves, executor: bool) -> Any:
+    """The tool's definition as the moves allow it now: the plan items, experiments and verdicts it may take as
+    the only values of its schema; a tool that cannot be called now says so (and why) and takes nothing."""
+    name = tool_def.name
+    schema = copy.deepcopy(tool_def.parameters_json_schema)
+    props: dict[str, Any] = schema.get("properties", {})
+    limits: dict[str, list[Any]] = {}
+    if name == "launch_server":
+        if executor:
+            return _closed(tool_def, moves, "this session's servers run on its executor: use run_experiments")
+        if not moves.launches:
+            return _closed(tool_def, moves, moves.why or "no launch is among the moves")
+        limits = {
+            "plan_item": sorted(moves.items | moves.profiles | set(moves.retries) | moves.workload_baselines),
+            "plan_items": sorted(moves.items) if len(moves.items) > 1 else [],
+            "experiment_id": sorted(moves.reruns),
+            "revert_items": sorted(moves.reverts),
+        }
+        if not (moves.baseline or moves.workload_baselines):
+            props.pop("baseline", None)
+        if not moves.retries:
+            props.pop("flags", None)
+        props.pop("remove_flags", None)
+    elif name == "run_experiments":
+        if not moves.launches:
+            return _closed(tool_def, moves, moves.why or "no launch is among the moves")
+    elif name == "record_verdict":
+        if not (moves.verdicts or moves.settle):
+            return _closed(tool_def, moves, moves.why or "no verdict is waiting")
+        verdicts = {v for vs in moves.verdicts.values() for v in vs} | {v for vs in moves.settle.values() for v in vs}
+        limits = {
+            "experiment_id": sorted(moves.verdicts),
+            "plan_item": sorted(moves.settle),
+            "verdict": sorted(verdicts),
+        }
+    else:
+        return tool_def
+    for key, values in limits.items():
+        if key not in props:
+            continue
+        if values:
+            props[key] = _enum(props[key], values)
+        else:
+            props.pop(key)
+    if "required" in schema:
+        schema["required"] = [k for k in schema["required"] if k in props]
+    allowed = "; ".join(line for line in moves.allowed_text() if line.startswith(name))
+    description = (tool_def.description or "") + (f"\n\nAllowed now: {allowed}." if allowed else "")
+    return replace(tool_def, parameters_json_schema=schema, description=description)
+
+
+_STEP: dict[str, tuple[tuple, Moves]] = {}  # session id -> (run and step, its moves): one reading per step
+
+
+def _step_moves(ctx: RunContext[Session]) -> Moves:
+    """The moves for this step of the run, read once for all the toolsets the model is shown."""
+    key = (ctx.run_id, ctx.run_step, len(ctx.messages))
+    hit = _STEP.get(ctx.deps.id)
+    if hit is not None and hit[0] == key and ctx.run_id is not None:
+        return hit[1]
+    moves = Moves.of(ctx.deps)
+    _STEP[ctx.deps.id] = (key, moves)
+    if len(_STEP) > 32:
+        _STEP.pop(next(iter(_STEP)))
+    return moves
 
 
 @dataclass
 class MethodGuard(WrapperToolset[Session]):
-    """Wraps a toolset: every call goes through the method's rules first; a call that breaks one is refused as a
-    retry with the reason and the numbers, and the tool never runs."""
+    """Wraps a toolset: the model sees the guarded tools as the method's moves allow them now (the values they may
+    take; a tool that cannot be called says why and takes nothing), and every call goes through the moves first; a
+    call that is not among them is refused as a retry that names the rule and the moves allowed, and the tool never
+    runs."""
+
+    async def get_tools(self, ctx: RunContext[Session]) -> dict[str, ToolsetTool[Session]]:
+        tools = await super().get_tools(ctx)
+        if not any(name in GUARDED_TOOLS for name in tools):
+            return tools
+        moves = _step_moves(ctx)
+        executor = ctx.deps.settings.executor is not None
+        out: dict[str, ToolsetTool[Session]] = {}
+        for name, tool in tools.items():
+            view = _restrict(tool.tool_def, moves, executor)
+            out[name] = replace(tool, tool_def=view) if view is not tool.tool_def else tool
+        return out
 
     async def call_tool(
         self, name: str, tool_args: dict[str, Any], ctx: RunContext[Session], tool: ToolsetTool[Session]
@@ -387,3 +338,6 @@ class MethodGuard(WrapperToolset[Session]):
             ctx.deps.emit("warning", f"{name}: {why}")
             raise ModelRetry(why)
         return await super().call_tool(name, tool_args, ctx, tool)
+
+
+__all__ = ["GUARDED_TOOLS", "RULES", "MethodGuard", "Rule", "baseline_runs_needed", "method_text", "refusal"]

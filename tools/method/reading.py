@@ -1,13 +1,14 @@
-"""The method, read from the ledger: the baseline, the best configuration so far, the measured noise, and how a
-change is judged against its base.
+"""The method, read from the ledger: the baseline, the best configuration so far (and the chain of adopted changes
+it is built from), the measured noise, and how a change is judged against its base.
 
-The tools (run_benchmark's comparison, record_verdict's guard) and the autopilot read the ledger through this
-one module, so an LLM and the built-in policy are held to the same rules:
+The tools (run_benchmark's comparison, record_verdict), the method's moves (tools/method/moves.py) and the search
+read the ledger through this one module, so an LLM and the built-in policy are held to the same rules:
 
 - every comparison is made on the judged level: the highest concurrency both runs completed without failures;
-  the judged metric is output tok/s there, averaged over the experiment's runs (a rerun adds a run);
-- the noise band is max(min_gain_pct, measured noise), where the measured noise is the spread
-  (max - min) / mean of the baseline's runs at its judged level;
+  the judged value is the session's objective there (tools/method/objective.py: output tok/s), averaged over the
+  experiment's runs (a rerun adds a run);
+- the noise band is max(min_gain_pct, measured noise), where the measured noise is twice the standard error of the
+  baseline's mean at its judged level (for two runs: their spread (max - min) / mean; more runs narrow it);
 - a change is adopted only when its gain beats the band on the mean of at least two runs (a gain beyond the band
   on one run is rerun to confirm it, unless the session's `search` setting is off: the old greedy path); a gain
   inside the band is rerun (up to `reruns` times) and then called no gain; a loss beyond the band is a regression;
@@ -15,16 +16,14 @@ one module, so an LLM and the built-in policy are held to the same rules:
 - a change whose changed flags the engine does not model (a simulated engine: `Experiment.not_modelled`) is not
   measured, whatever numbers the engine gave: its effect is not in them.
 
-In tools/method/guard.py, RULES is the method as the model reads it and as MethodGuard (a WrapperToolset around
-every toolset of the agent) enforces it, for every model: a call that breaks a rule is refused before its tool
-runs, with the reason and the numbers.
+What may happen next (launches, verdicts, pivots, the end) is not read here: tools/method/moves.py computes it once
+from this reading, and the guard, the autopilot and the search all read that.
 """
 
 from __future__ import annotations
 
 import functools
-import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
@@ -35,7 +34,7 @@ from agent import models as m
 from agent.contracts import load_engine
 from agent.errors import PivotError
 from agent.store import Store
-from agent.text import quote
+from tools.method.objective import Objective, noise_pct, objective_for
 
 REFUSED_FAILURES = ("unrecognized-argument", "ambiguous-argument", "argument-validation")
 Suggestion = Literal[
@@ -63,7 +62,9 @@ class Judgement(BaseModel):
     after_tok_s: float | None = Field(default=None, description="Mean output tok/s over this experiment's runs.")
     runs_tok_s: list[float] = Field(default_factory=list, description="Output tok/s of each run at the judged level.")
     change_pct: float | None = None
-    noise_pct: float | None = Field(default=None, description="Measured: spread of the baseline's runs.")
+    noise_pct: float | None = Field(
+        default=None, description="Measured: twice the standard error of the baseline's mean (two runs: their spread)."
+    )
     band_pct: float = Field(description="A change must beat this to be adopted: max(floor, measured noise).")
     failed_levels: list[int] = Field(default_factory=list)
     noop_flags: list[str] = Field(default_factory=list, description="Flags the engine accepts but never reads.")
@@ -71,93 +72,6 @@ class Judgement(BaseModel):
         default_factory=list, description="Flags this change touches that the engine does not model (simulated)."
     )
     text: str = Field(description="The comparison in one sentence, with its numbers: usable as a verdict's reason.")
-
-
-# ---- answers at pivots: what the user's words mean, and which tiers and items they release
-
-STOP_WORDS = {
-    "the",
-    "a",
-    "an",
-    "of",
-    "and",
-    "or",
-    "to",
-    "on",
-    "in",
-    "for",
-    "with",
-    "at",
-    "by",
-    "try",
-    "run",
-    "test",
-    "please",
-    "item",
-    "do",
-    "it",
-    "go",
-    "next",
-    "then",
-    "i",
-    "want",
-    "lets",
-    "let's",
-    "us",
-}
-CONTINUE_WORDS = ("continue", "go on", "proceed", "next tier", "yes", "carry on", "keep going")
-STOP_ANSWERS = ("stop", "finish", "done", "enough", "end", "quit")
-
-
-@dataclass
-class Decision:
-    """What the answers given so far decide: the tiers released, the items asked for, whether to stop."""
-
-    released: set[int]
-    requested: list[tuple[str, datetime]] = field(default_factory=list)  # (item id, asked since)
-    stopped_at: datetime | None = None
-    unclear: m.Pivot | None = None  # the last answer, when it was not understood (or cannot be done)
-    why_unclear: str = ""
-
-
-def interpret(answer: str, options: list[str], plan: m.Plan) -> tuple[str, str | None]:
-    """An answer's meaning: ("continue", None), ("stop", None), ("item", id) or ("unclear", None)."""
-    text = answer.strip()
-    low = text.lower()
-    if re.fullmatch(r"\d+", text) and options and 1 <= int(text) <= len(options) and text not in plan.item_ids():
-        return interpret(options[int(text) - 1], [], plan)
-    if re.fullmatch(r"\d+", text) and text in plan.item_ids():
-        return "item", text
-    words = re.findall(r"[a-z0-9+.-]+", low)
-    if words and words[0] in STOP_ANSWERS:
-        return "stop", None
-    if any(low.startswith(w) for w in CONTINUE_WORDS):
-        return "continue", None
-    ids = [w for w in re.findall(r"\b\d{2,3}\b", low) if w in plan.item_ids()]
-    if ids:
-        return "item", ids[0]
-    significant = [w for w in words if w not in STOP_WORDS and len(w) > 1]
-    if significant:
-        scores = []
-        for item in plan.items:
-            title = set(re.findall(r"[a-z0-9+.-]+", item.title.lower()))
-            hit = sum(w in title for w in significant)
-            scores.append((hit, item.id))
-        scores.sort(reverse=True)
-        best, second = scores[0], scores[1] if len(scores) > 1 else (0, "")
-        if best[0] > 0 and best[0] > second[0] and best[0] * 2 >= len(significant):
-            return "item", best[1]
-    return "unclear", None
-
-
-def understood(options: list[str], plan: m.Plan) -> str:
-    ids = plan.item_ids()
-    span = f"{ids[0]}-{ids[-1]}" if ids else "none"
-    nums = f"an option's number (1-{len(options)}), " if options else ""
-    return (
-        f"I understand {nums}a plan item's id ({span}) or words of its title to test that item next, "
-        "'continue' to go on, or 'stop' to write the final summary and end."
-    )
 
 
 def _n(x: float) -> str:
@@ -213,18 +127,24 @@ class Method:
         """The plan's base flags with the model named in the engine's spelling (Target.base_config)."""
         return self.plan.target.base_config(self.model_flags)
 
+    @property
+    def objective(self) -> Objective:
+        """What every comparison judges (output tok/s at the judged level)."""
+        return objective_for(self.settings)
+
     def experiment(self, experiment_id: int | None) -> m.Experiment | None:
         return next((e for e in self.experiments if e.id == experiment_id), None)
 
     # ---- levels
 
     def ok_values(self, e: m.Experiment) -> dict[int, list[float]]:
-        """Output tok/s per concurrency and run, for levels that completed with no failed request."""
+        """The objective's value per concurrency and run, for the levels that count (completed, no failure)."""
         out: dict[int, list[float]] = {}
         for result in self.runs.get(e.id or 0, []):
             for lv in result.levels:
-                if lv.max_concurrency is not None and lv.completed > 0 and lv.failed == 0:
-                    out.setdefault(lv.max_concurrency, []).append(lv.output_throughput)
+                value = self.objective.value(lv)
+                if value is not None and lv.max_concurrency is not None:
+                    out.setdefault(lv.max_concurrency, []).append(value)
         return out
 
     def failed_levels(self, e: m.Experiment) -> list[int]:
@@ -250,19 +170,22 @@ class Method:
         measured = [e for e in tried if self.run_count(e) > 0]
         return measured[0] if measured else (tried[-1] if tried else None)
 
+    def workload_ready(self, item: m.PlanItem) -> bool:
+        """Whether the item's own workload has its baseline measured and judged (an item on the plan's workload
+        always has: the plan's baseline comes first)."""
+        if not item.workload:
+            return True
+        base = self.baseline(item.workload_for(self.plan.workload))
+        return base is not None and base.verdict == "baseline"
+
     def noise_pct(self, workload: m.BenchSpec | None = None) -> float | None:
-        """The measured noise: (max - min) / mean of the baseline's runs at its top level; None before two runs."""
+        """The measured noise: twice the standard error of the baseline's mean at its top level, in % (for two runs
+        their spread (max - min) / mean); None before two runs."""
         base = self.baseline(workload)
         if base is None:
             return None
         values = self.ok_values(base)
-        if not values:
-            return None
-        runs = values[max(values)]
-        if len(runs) < 2:
-            return None
-        mean = sum(runs) / len(runs)
-        return (max(runs) - min(runs)) / mean * 100 if mean > 0 else None
+        return noise_pct(values[max(values)]) if values else None
 
     def band_pct(self, workload: m.BenchSpec | None = None) -> float:
         noise = self.noise_pct(workload)
@@ -278,40 +201,72 @@ class Method:
         best = self.best()
         return best.config if best is not None else self.base_config()
 
-    # ---- tiers, answers and items
+    def step_base(self, items: Sequence[str] = (), reverts: Collection[str] = ()) -> m.ServerConfig:
+        """The configuration a step builds on: the best on its items' workload (the first item's; the plan's
+        without items), rebuilt from its chain of adopted changes without `reverts` when there are any."""
+        item = self.plan.item(items[0]) if items and items[0] in self.plan.item_ids() else None
+        workload = item.workload_for(self.plan.workload) if item is not None else self.plan.workload
+        if reverts:
+            return self.rebuild(drop=reverts, workload=workload)
+        best = self.best(workload)
+        return best.config if best is not None else self.base_config()
 
-    def decision(self) -> Decision:
-        """What the answers at the pivots decide, read in order: the tiers released, the items asked for, a stop."""
-        plan = self.plan
-        tiers = sorted({it.tier for it in plan.items})
-        d = Decision(released={tiers[0]} if tiers else set(), requested=[])
-        for p in self.pivots:
-            if p.answer is None:
-                continue
-            meaning, item_id = interpret(p.answer, p.options, plan)
-            d.unclear = None
-            if meaning == "stop":
-                d.stopped_at = p.answered_at or p.asked_at
-                continue  # read on: an item asked for after a stop reopens the campaign for that item
-            if meaning == "continue" and d.stopped_at is not None:
-                d.stopped_at = None  # going on after a stop: the campaign is open again
-            if meaning == "item" and item_id is not None and plan.item(item_id).kind == "code":
-                d.unclear = p
-                d.why_unclear = (
-                    f"Item {item_id} is a code change for you to make (its improvement document says what); "
-                    "pivot has nothing to run for it."
-                )
-            elif meaning == "item" and item_id is not None:
-                d.requested.append((item_id, p.answered_at or p.asked_at))
-            elif meaning == "continue":
-                if not any(not self.done(it, before=p.asked_at) for it in plan.items if it.tier in d.released):
-                    later = [t for t in tiers if t not in d.released]
-                    if later:
-                        d.released.add(later[0])
-            else:
-                d.unclear = p
-                d.why_unclear = f"I did not understand {quote(p.answer or '')}."
-        return d
+    # ---- the chain of adopted changes the best configuration is built from
+
+    def chain(self, workload: m.BenchSpec | None = None) -> list[m.Experiment]:
+        """The adopted changes on `workload` (default: the plan's), in order: the best configuration is the base
+        flags with each one's items applied (and its reverts taken back) in turn."""
+        key = (workload or self.plan.workload).workload_key()
+        return [e for e in self.experiments if e.verdict == "adopted" and e.workload.workload_key() == key]
+
+    def active_items(self, workload: m.BenchSpec | None = None) -> list[str]:
+        """The plan items the best configuration holds, in the order they were adopted (reverted ones left out)."""
+        active: list[str] = []
+        for e in self.chain(workload):
+            active = [i for i in active if i not in e.reverts]
+            active += [i for i in e.plan_items if i not in active]
+        return active
+
+    def adopted_by(self, item_id: str, workload: m.BenchSpec | None = None) -> m.Experiment | None:
+        """The adopted experiment that brought `item_id` into the best configuration (None when it is not in it)."""
+        found = None
+        for e in self.chain(workload):
+            if item_id in e.reverts:
+                found = None
+            if item_id in e.plan_items:
+                found = e
+        return found
+
+    def rebuild(self, drop: Collection[str] = (), workload: m.BenchSpec | None = None) -> m.ServerConfig:
+        """The best configuration rebuilt from the chain of adopted changes without the items in `drop`: the base
+        flags, then each adopted step in order, its items applied (reverted ones left out) and then the flags it
+        added beyond them (a bounded retry's cap). With nothing dropped it is the best configuration itself."""
+        base = self.base_config()
+        steps: list[tuple[list[str], m.ServerConfig]] = []  # (items still active, extra flags) per adopted step
+        for e in self.chain(workload):
+            for items, _ in steps:
+                items[:] = [i for i in items if i not in e.reverts]
+            expected = self._replay(base, [*steps, ([i for i in e.plan_items if i in self.plan.item_ids()],
+                                                      m.ServerConfig())], ())  # fmt: skip
+            extra = m.ServerConfig(
+                flags=tuple(f for f in e.config.flags if expected.get(f.name) != f), env=dict(e.config.env)
+            )
+            steps.append(([i for i in e.plan_items if i in self.plan.item_ids()], extra))
+        return self._replay(base, steps, drop)
+
+    def _replay(
+        self, base: m.ServerConfig, steps: list[tuple[list[str], m.ServerConfig]], drop: Collection[str]
+    ) -> m.ServerConfig:
+        config = base
+        for items, extra in steps:
+            for item_id in items:
+                if item_id not in drop:
+                    config = self.plan.item(item_id).apply(config)
+            if extra.flags or extra.env:
+                config = config.with_flags(extra)
+        return config
+
+    # ---- tiers, answers and items
 
     def final(
         self, item: m.PlanItem, since: datetime | None = None, before: datetime | None = None
@@ -333,32 +288,13 @@ class Method:
         (documented for the user), or a workload item whose baseline is judged."""
         if item.kind == "code":
             return True  # documented for the user: there is nothing to run
-        if item.kind == "workload" and item.flags is None and not item.remove_flags:
+        if item.workload:
             base = self.baseline(item.workload_for(self.plan.workload))
-            return base is not None and base.verdict is not None
+            if item.flags is None and not item.remove_flags:
+                return base is not None and base.verdict is not None
+            if base is not None and base.verdict not in (None, "baseline"):
+                return True  # its workload's baseline did not run: nothing on that workload can be compared
         return bool(self.final(item, since, before))
-
-    def next_item(self, d: Decision | None = None) -> m.PlanItem | None:
-        """The next item to work on: one the user asked for, else the first undone item of a released tier."""
-        d = d or self.decision()
-        plan = self.plan
-        for item_id, since in d.requested:
-            if d.stopped_at is not None and since <= d.stopped_at:
-                continue  # asked for before the stop
-            item = plan.item(item_id)
-            if item.kind != "code" and not self.done(item, since=since):
-                return item
-        if d.stopped_at is not None:
-            return None  # stopped: only items asked for after the stop are tested
-        for item in plan.items:
-            if item.tier in d.released and not self.done(item):
-                return item
-        return None
-
-    def finished(self) -> bool:
-        """Whether the campaign has nothing left to do by the method: a stop was answered, or every item of the
-        released tiers is done. The same reading for every model."""
-        return self.next_item(self.decision()) is None
 
     # ---- judging
 
@@ -445,9 +381,10 @@ class Method:
             top = max(after)
             runs = after[top]
             mean = sum(runs) / len(runs)
-            text = f"{_n(mean)} output tok/s at concurrency {top}"
+            text = f"{_n(mean)} {self.objective.unit} at concurrency {top}"
             if len(runs) > 1:
-                text += f" (mean of {len(runs)} runs: {', '.join(_n(v) for v in runs)}; spread {noise or 0:.1f}%)"
+                word = "spread" if len(runs) == 2 else "noise, twice the standard error of the mean"
+                text += f" (mean of {len(runs)} runs: {', '.join(_n(v) for v in runs)}; {word} {noise or 0:.1f}%)"
             return Judgement(
                 suggestion="baseline", concurrency=top, after_tok_s=mean, runs_tok_s=runs, text=text, **common
             )
@@ -470,12 +407,13 @@ class Method:
             f"{_n(a)}" if len(runs) == 1 else f"{_n(a)}, mean of {len(runs)} runs: {', '.join(_n(v) for v in runs)}"
         )
         text = (
-            f"{change:+.1f}% output tok/s at concurrency {c} ({_n(b)} -> {measured}; experiment {e.base_experiment_id} "
+            f"{change:+.1f}% {self.objective.unit} at concurrency {c} ({_n(b)} -> {measured}; experiment "
+            f"{e.base_experiment_id} "
             f"-> {eid})"
         ) + self._band_clause(suggestion, change, band, noise)
         if suggestion == "superseded" and best is not None:
             bv = self.ok_values(best).get(c) or []
-            at = f" with {_n(sum(bv) / len(bv))} output tok/s at concurrency {c}" if bv else ""
+            at = f" with {_n(sum(bv) / len(bv))} {self.objective.unit} at concurrency {c}" if bv else ""
             text += (
                 f", but experiment {best.id}, run beside it, became the best{at}: not adopted (the search weighs it "
                 "again on the new best)"

@@ -25,7 +25,8 @@ class Ledger:
     runs: dict[int, int] = field(default_factory=dict)  # experiment -> benchmark runs (reruns average)
     usage: list[m.ModelUsage] = field(default_factory=list)  # the model's use, one row per agent run
     investigations: list[m.Investigation] = field(default_factory=list)  # sub-agent reports (agent/investigate.py)
-    # experiment -> concurrency -> (max - min) / mean of its runs' output tok/s, in %, where it has two or more
+    # experiment -> concurrency -> the noise of its runs' output tok/s (twice the standard error of their mean, in %;
+    # for two runs their spread (max - min) / mean), where it has two or more
     spread_pct: dict[int, dict[int, float]] = field(default_factory=dict)
     capacity: dict[int, list[m.Capacity]] = field(default_factory=dict)  # experiment -> its runs' capacity brackets
 
@@ -54,8 +55,8 @@ class Ledger:
             levels[eid] = {c: m.BenchLevel.mean(lvs) for c, lvs in by_level.items()}
             for c, lvs in by_level.items():
                 ok = [lv.output_throughput for lv in lvs if lv.completed > 0 and lv.failed == 0]
-                if len(ok) >= 2 and sum(ok) > 0:
-                    spread.setdefault(eid, {})[c] = (max(ok) - min(ok)) / (sum(ok) / len(ok)) * 100
+                if (noise := m.BenchLevel.noise_pct(ok)) is not None:
+                    spread.setdefault(eid, {})[c] = noise
             telemetry[eid] = {t.max_concurrency: t for t in store.telemetry(eid) if t.max_concurrency is not None}
         return cls(
             record=record,
@@ -74,8 +75,8 @@ class Ledger:
         )
 
     def band_pct(self) -> float:
-        """The noise band, as the method sets it: max(the session's minimum gain, the spread of the baseline's runs
-        at its highest level that completed)."""
+        """The noise band, as the method sets it: max(the session's minimum gain, the noise of the baseline's runs at
+        its highest level that completed: twice the standard error of their mean)."""
         floor = self.record.settings.min_gain_pct
         base = self.baseline()
         if base is None:
@@ -179,6 +180,11 @@ class Ledger:
     def item_experiments(self, item_id: str) -> list[m.Experiment]:
         return [e for e in self.experiments if item_id in e.plan_items]  # combined experiments name every item
 
+    def taken_back(self, item_id: str) -> m.Experiment | None:
+        """The adopted revert that took the item back out of the best configuration, if any (the latest)."""
+        reverts = [e for e in self.experiments if item_id in e.reverts and e.verdict == "adopted"]
+        return reverts[-1] if reverts else None
+
     def best_by_level(self) -> dict[int, tuple[m.Experiment, m.BenchLevel]]:
         """Per concurrency, the highest output tok/s among the configurations that stand (baseline, adopted, not
         judged) on the reference workload; a level none of them measured falls back to any experiment's."""
@@ -229,5 +235,5 @@ def plan_warnings(ledger: Ledger) -> dict[str, list[str]]:
 
 
 def _items(e: m.Experiment) -> str:
-    """The plan items an experiment names: "05" or, for a combined step, "05+06"."""
-    return "+".join(e.plan_items) if e.plan_items else ""
+    """The plan items an experiment names: "05", "05+06" for a combined step, "-01" for a revert of 01."""
+    return ("+".join(e.plan_items) + "".join(f" -{i}" for i in e.reverts)).strip()

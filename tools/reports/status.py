@@ -149,12 +149,45 @@ def _intro(ledger: Ledger) -> list[str]:
             "one's host and GPUs).",
             "",
         ]
+    out += _noise(ledger)
     if any(ledger.sources.get(e.id or 0) == "simulated" for e in ledger.experiments):
         out += [
             "Numbers from experiments marked simulated come from pivot's digital twin of SGLang, not from GPUs.",
             "",
         ]
     return out
+
+
+def _noise(ledger: Ledger) -> list[str]:
+    """How wide the noise band is, and what it can and cannot tell apart among the plan's expected effects."""
+    from tools.reports.expectations import parse_expectation
+
+    base = ledger.baseline()
+    ok = ledger.ok_levels(base) if base is not None else {}
+    noise = ledger.spread_pct.get(base.id or 0, {}).get(max(ok)) if base is not None and ok else None
+    if noise is None:
+        return []
+    floor = ledger.record.settings.min_gain_pct
+    band = ledger.band_pct()
+    runs = ledger.runs.get(base.id or 0, 0)
+    text = (
+        f"Noise band: {band:.1f}%, the larger of the floor ({floor:g}%) and the measured noise ({noise:.1f}%: twice "
+        f"the standard error of the baseline's mean over {runs} runs at concurrency {max(ok)}; more runs narrow it)."
+    )
+    above, below = [], []
+    for it in ledger.plan.items:
+        exp = parse_expectation(it.expected_impact) if it.kind in ("flag", "config") else None
+        if exp is not None and exp.metric != "mean_tpot_ms":
+            (above if exp.high_pct >= band else below).append(it.id)
+    if above:
+        text += f" It can tell apart the changes the plan expects to reach it ({', '.join(above)})"
+        text += f"; not those expected below it ({', '.join(below)}): they read as no gain." if below else "."
+    elif below:
+        text += (
+            f" No item of the plan expects a change that large ({', '.join(below)}): a measured gain inside the band "
+            "reads as no gain."
+        )
+    return [text, ""]
 
 
 def _best_results(ledger: Ledger, used: set[int]) -> list[str]:
@@ -253,6 +286,15 @@ def _what_was_tried(ledger: Ledger, tried: list[m.Experiment], used: set[int]) -
     ]
     if any(e.combined for e in tried):
         out += ["An item column like 05+06 is one experiment that combined those items as one step.", ""]
+    reverts = [e for e in tried if e.reverts]
+    if reverts:
+        out += [
+            'An item column like "-01" is a revert: the best configuration rebuilt from its chain of adopted changes '
+            "without item 01.",
+            "",
+            *[f"- {_revert_line(ledger, e)}" for e in reverts],
+            "",
+        ]
     if any(e.predicted_change_pct is not None or e.predicted_tok_s is not None for e in tried):
         out += [
             "In brackets: the twin's prediction made before the launch, corrected to this campaign's measurements "
@@ -260,6 +302,20 @@ def _what_was_tried(ledger: Ledger, tried: list[m.Experiment], used: set[int]) -
             "",
         ]
     return out
+
+
+def _revert_line(ledger: Ledger, e: m.Experiment) -> str:
+    """One revert in words: "05 FP8 KV made 01 Cap a brake: dropped, +5.2% (experiment #7)"."""
+    why = e.revert_why or f"{', '.join(e.reverts)} taken back"
+    base = ledger.base_of(e)
+    before, after = (ledger.ok_levels(base) if base else {}), ledger.ok_levels(e)
+    common = sorted(set(before) & set(after))
+    pct = _change(before[common[-1]].output_throughput, after[common[-1]].output_throughput) if common else None
+    result = {
+        "adopted": f"dropped, {_signed(pct)}" if pct is not None else "dropped",
+        None: "not judged yet",
+    }.get(e.verdict, f"kept ({VERDICT_WORDS[e.verdict]}" + (f", {_signed(pct)})" if pct is not None else ")"))
+    return f"{why}: {result} (experiment #{e.id})"
 
 
 def _ruled_out(ledger: Ledger, tried: list[m.Experiment]) -> list[str]:
