@@ -21,6 +21,7 @@ pytest.importorskip("ray", reason="the Ray executor needs the ray extra: pip ins
 from agent.servers import marked_processes, server_mark
 from agent.session import Paths
 from agent.store import Store
+from tools.method.moves import BASELINE_RUNS_MAX
 
 ROOT = Path(__file__).resolve().parent.parent
 PIVOT = [sys.executable, "-m", "agent.cli"]
@@ -118,9 +119,13 @@ def test_a_driver_killed_mid_step_leaves_no_server_and_resume_runs_nothing_twice
         keys = [(tuple(e.plan_items), e.kind, str(e.config)) for e in experiments if e.kind == "change"]
         assert len(keys) == len(set(keys)), "an experiment was recorded twice"
         (base,) = [e for e in experiments if e.kind == "baseline"]  # relaunched in place, not recorded again
-        assert base.verdict == "baseline" and len(store.bench_results(base.id or 0)) == 2
+        base_runs = store.bench_results(base.id or 0)
+        # two runs measure the noise; more (up to BASELINE_RUNS_MAX) when these two disagree beyond the band
+        assert base.verdict == "baseline" and 2 <= len(base_runs) <= BASELINE_RUNS_MAX
         for e in experiments:
             assert e.status != "running"
-            assert len(store.bench_results(e.id or 0)) <= 2  # a run cut short was run again, never kept twice
+            runs = store.bench_results(e.id or 0)
+            # a run cut short was run again, never kept twice
+            assert len(runs) <= (BASELINE_RUNS_MAX if e.kind == "baseline" else 2)
         assert store.open_pivot(session_id) is not None
     assert marked_processes(mark) == []
