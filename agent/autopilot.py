@@ -10,8 +10,9 @@ answers with the one tool call that comes next:
 3. an improvement document for every plan item, before the first experiment;
 4. the verdict (or the rerun) the moves permit for each measured experiment;
 5. documents whose item changed since they were written (the ledger says which);
-6. the pivot the moves owe (an analysis of the best first, a status summary, then ask_user with the questions of
-   agent/questions.py);
+6. the pivot the moves owe (an analysis of the best first, a sub-agent investigation where the seeds made one:
+   after a crash, the best's root cause (agent/investigate.py), a status summary, then ask_user with the questions
+   of agent/questions.py);
 7. the baseline, run until its runs measure the noise;
 8. the first of the moves' steps: what was asked for at a pivot, then the search's steps (a candidate predicted
    beyond the noise band, alone, combined, retested on a new best, or a revert; an item settled without a launch),
@@ -34,6 +35,7 @@ from pydantic_ai.messages import ModelMessage, ModelRequest, RetryPromptPart, To
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from agent import models as m
+from agent.investigate import investigation_due
 from agent.questions import question
 from agent.session import Session
 from agent.steps import Call, Steps
@@ -248,7 +250,7 @@ class Autopilot(Steps):
     # ---- pivots and the end
 
     def pivot(self, moves: Moves, ledger: reports.Ledger, last: dict[str, tuple[dict[str, Any], Any]]) -> Call:
-        analysis = self.analysis(moves.method, ledger)
+        analysis = self.analysis(moves.method, ledger) or self.investigation()
         if analysis is not None:
             return analysis
         q, options = question(moves)
@@ -257,6 +259,12 @@ class Autopilot(Steps):
         if moves.pivot.kind == "clarify" or (prev is not None and prev[0].get("question") == q):
             return Call("ask_user", {"question": q, "options": options})
         return Call("write_status_summary", {"question": q, "options": options})
+
+    def investigation(self) -> Call | None:
+        """A sub-agent investigation where the seeds made one (after a crash; the best's root cause), before the
+        status summary that cites it."""
+        due = investigation_due(self.session)
+        return Call(due[0], due[1]) if due is not None else None
 
     def analysis(self, method: Method, ledger: reports.Ledger) -> Call | None:
         """Analyse the best configuration before a summary explains it (once per best experiment)."""
@@ -278,7 +286,11 @@ class Autopilot(Steps):
             >= max((e.finished_at or e.created_at for e in method.experiments), default=latest.updated_at)
         )
         if not written:
-            return self.analysis(method, ledger) or Call("write_status_summary", {"question": q, "options": []})
+            return (
+                self.analysis(method, ledger)
+                or self.investigation()
+                or Call("write_status_summary", {"question": q, "options": []})
+            )
         best = method.best()
         j = method.judge(best) if best is not None else None
         line = (

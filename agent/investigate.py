@@ -173,7 +173,9 @@ async def run_investigation(
         }
     )
     session.store.finish_investigation(inv)
-    session.emit("info", f"investigation {inv.id} {status}: {inv.report[:160]}", investigation_id=inv.id)
+    session.emit(
+        "info", f"investigation {inv.id} {status}: {' '.join(inv.report.split())[:160]}", investigation_id=inv.id
+    )
     return inv
 
 

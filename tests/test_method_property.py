@@ -283,7 +283,7 @@ def test_a_fixed_slice_of_random_campaigns(drawn: Drawn, tmp_path_factory, monke
         store.close()
 
 
-@pytest.mark.slow
+@pytest.mark.long  # minutes: out of the default run (pyproject's addopts), which runs the fixed-seed slice above
 @settings(max_examples=25, **SETTINGS)
 @given(drawn=campaigns(max_items=7))
 def test_many_random_campaigns(drawn: Drawn, tmp_path_factory, monkeypatch, quick_reports) -> None:
