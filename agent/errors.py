@@ -34,6 +34,10 @@ class PivotError(Exception):
         return self.message if not self.hint else f"{self.message}\nhint: {self.hint}"
 
 
+class Interrupted(PivotError):
+    """The user stopped a command (Ctrl-C); the message says what was kept and the hint how to go on."""
+
+
 class LedgerError(PivotError):
     """The ledger (state/pivot.db) cannot be opened or is not one pivot can use."""
 

@@ -178,9 +178,34 @@ def resolve_model(session: Session) -> Model | str:
     return provider_model(name, session.record.model_base_url)
 
 
+def check_model_base_url(url: str) -> str:
+    """`--model-base-url` checked before it is used or stored: an http(s) URL with a host and a port in range, and no
+    credentials in it (a user:password@ or a query string: the ledger keeps the URL, and keys never go to disk)."""
+    from urllib.parse import urlsplit
+
+    hint = "e.g. --model-base-url http://127.0.0.1:30000/v1; a key goes in $PIVOT_MODEL_API_KEY, never in the URL"
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port  # ValueError when it is not a number in 0..65535
+    except ValueError as e:
+        raise PivotError(f"--model-base-url is not a URL: {e}", hint=hint) from e
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise PivotError("--model-base-url needs http:// or https:// and a host", hint=hint)
+    if port == 0:
+        raise PivotError("--model-base-url has port 0", hint=hint)
+    if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
+        raise PivotError(
+            "--model-base-url carries credentials or a query string, and the ledger records the URL",
+            hint="give the server's base URL alone and its key in $PIVOT_MODEL_API_KEY",
+        )
+    return url.strip()
+
+
 def provider_model(name: str, base_url: str | None) -> Model:
     """A model other than the autopilot, built now so that a missing key or an unknown provider is a clear error
     before anything runs (nothing is sent to it here)."""
+    if base_url:
+        base_url = check_model_base_url(base_url)
     if name.startswith(SCRIPT_PREFIX):  # a replayed file: checked now, whole
         from agent.script_model import ScriptModel
 

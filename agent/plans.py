@@ -45,6 +45,7 @@ from pydantic import ValidationError
 from agent.errors import PlanError
 from agent.models import Experiment, Plan
 
+MAX_PLAN_BYTES = 4 * 2**20  # the seeds' plan is 12 KB
 _TABLE = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(#.*)?$")
 _ARRAY_TABLE = re.compile(r"^\s*\[\[\s*([^\[\]]+?)\s*\]\]\s*(#.*)?$")
 _KEY = re.compile(r"""^\s*((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*=""")
@@ -153,6 +154,8 @@ def parse_plan(text: str, source: str = "<plan>") -> Plan:
         data: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise PlanError(f"{source}: not valid TOML: {e}", hint="fix the syntax at that line") from e
+    except RecursionError as e:  # tomllib parses nested arrays and tables by recursion
+        raise PlanError(f"{source}: nested too deeply to be a plan", hint="a plan nests a few tables, no more") from e
     data.pop("source", None)
     try:
         _expand_target(data)
@@ -257,6 +260,8 @@ def load_plan(ref: str | Path) -> Plan:
     """Read, parse and validate a plan file (or a shipped plan by name)."""
     path = resolve_plan_path(ref)
     try:
+        if path.stat().st_size > MAX_PLAN_BYTES:
+            raise PlanError(f"{path}: larger than {MAX_PLAN_BYTES // 2**20} MiB: not a plan")
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise PlanError(f"{path}: cannot read the plan: {e}") from e

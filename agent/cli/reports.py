@@ -9,6 +9,7 @@ from __future__ import annotations
 import click
 
 from agent import models as m
+from agent.cli.options import Number
 from agent.console import dump, err, make_table, out, print_json, warn
 from agent.errors import PivotError, SessionNotFound
 from tools.reports import SessionRef, list_documents, write_improvement_docs, write_status_summary
@@ -112,7 +113,12 @@ def docs(ctx: click.Context, session_ref: str, no_write: bool, as_json: bool) ->
 
 @click.command()
 @click.argument("session_ref", metavar="SESSION")
-@click.option("--experiment", "experiment_id", type=int, help="The experiment to analyse (default: the best).")
+@click.option(
+    "--experiment",
+    "experiment_id",
+    type=Number(int, min=1, max=2**62),
+    help="The experiment to analyse (default: the best).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the analysis as JSON on stdout.")
 @click.pass_context
 def analyze(ctx: click.Context, session_ref: str, experiment_id: int | None, as_json: bool) -> None:
@@ -152,7 +158,12 @@ def analyze(ctx: click.Context, session_ref: str, experiment_id: int | None, as_
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--label", required=True, help="A name for this experiment, e.g. 'tp8 mrr2048'.")
 @click.option("--flags", help='The server\'s flags as launched, e.g. "--tp-size 8 --max-running-requests 2048".')
-@click.option("--base", "base_id", type=int, help="The experiment this run changed, for before/after comparisons.")
+@click.option(
+    "--base",
+    "base_id",
+    type=Number(int, min=1, max=2**62),
+    help="The experiment this run changed, for before/after comparisons.",
+)
 @click.option(
     "--plan",
     "plan_ref",

@@ -16,6 +16,7 @@ from agent import defaults
 from agent import models as m
 from agent.cli.engines import ENGINE, _engine_options
 from agent.cli.mcp_options import check_investigator, mcp_options, settings_update, with_mcp_options
+from agent.cli.options import NOISE, SEED, field_number
 from agent.console import err, out, print_json, warn
 from agent.defaults import default_model, session_settings, setting
 from agent.errors import PivotError
@@ -67,6 +68,8 @@ def _start(
         plan = plan.with_objective(objective_of(plan.objective, **objective))
     _preflight(engine, plan)
     model_name = default_model(method["model"])
+    if method["model_base_url"] is not None:  # checked before it is stored: no key in it, a port in range
+        method["model_base_url"] = loop.check_model_base_url(method["model_base_url"])
     if model_name != loop.AUTOPILOT:  # a missing key fails here, before a session is recorded for nothing
         loop.provider_model(model_name, method["model_base_url"])
     check_investigator(method.get("investigator_model"))
@@ -222,14 +225,14 @@ def _executor_options(resume: bool = False) -> list[Any]:
         ),
         click.option(
             "--parallel",
-            type=click.IntRange(min=1),
+            type=field_number(m.SessionSettings, "parallel", max=1024),
             default=None if resume else setting("parallel"),
             show_default=not resume,
             help="With --ray: run up to N independent experiments of one search step at once.",
         ),
         click.option(
             "--ray-gpus",
-            type=click.IntRange(min=0),
+            type=field_number(m.SessionSettings, "ray_gpus", max=1024),
             default=None,
             help="With --ray local: the GPUs the local instance offers (default: those Ray detects)"
             + ("; default: the session's." if resume else "."),
@@ -268,28 +271,28 @@ def _method_options(f: Any) -> Any:
             ),
             click.option(
                 "--seed",
-                type=int,
+                type=SEED,
                 default=setting("seed"),
                 show_default=True,
                 help="Seeds the simulated engines' noise.",
             ),
             click.option(
                 "--min-gain",
-                type=float,
+                type=field_number(m.SessionSettings, "min_gain_pct", max=100),
                 default=setting("min_gain_pct"),
                 show_default=True,
                 help="Percent a change must gain (and beat the measured noise) to be adopted.",
             ),
             click.option(
                 "--reruns",
-                type=int,
+                type=field_number(m.SessionSettings, "reruns", max=20),
                 default=setting("reruns"),
                 show_default=True,
                 help="Reruns of a gain inside the noise.",
             ),
             click.option(
                 "--stall-after",
-                type=int,
+                type=field_number(m.SessionSettings, "stall_after", max=1000),
                 default=setting("stall_after"),
                 show_default=True,
                 help="Pivot after this many changes in a row without gain.",
@@ -303,7 +306,7 @@ def _method_options(f: Any) -> Any:
             ),
             click.option(
                 "--request-limit",
-                type=int,
+                type=field_number(m.SessionSettings, "request_limit", max=1_000_000),
                 default=setting("request_limit"),
                 show_default=True,
                 help="Model requests per run before pivot stops it (resume goes on).",
@@ -414,7 +417,7 @@ def _objective_options(f: Any) -> Any:
     help="An engine option, e.g. -o time_scale=200 (sim-http), -o prefix='docker exec box' (sglang, vllm).",
 )
 @click.option("--name", help="The session's name (default: the plan's).")
-@click.option("--noise", type=float, help="Simulated engines: run-to-run noise (e.g. 0.015). Default: none.")
+@click.option("--noise", type=NOISE, help="Simulated engines: run-to-run noise (e.g. 0.015). Default: none.")
 @click.option("--concurrency", "levels", help="Replace the plan's concurrency levels (e.g. 1,64,256: a shorter run).")
 @_objective_options
 @_method_options

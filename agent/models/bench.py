@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from agent.models.base import _Model, utcnow
 from agent.models.objective import LoadAxis, SloMetric, check_slos
@@ -18,6 +18,13 @@ from agent.models.objective import LoadAxis, SloMetric, check_slos
 # Benchmarks: the workload, and results with bench_serving's key names.
 
 Endpoint = Literal["generate", "completions", "chat"]
+
+
+# What one concurrency level may send: beyond these a benchmark (or the twin's simulation of one) would take hours
+# and gigabytes before it said anything, so a workload asking for more is refused with the bound in words.
+MAX_PROMPTS_PER_LEVEL = 200_000
+MAX_TOKENS_PER_REQUEST = 1_048_576  # longer than any served model's context today
+MAX_TOKENS_PER_LEVEL = {"input": 2**27, "output": 2**30}  # prompts x tokens of one level (input: 1 GiB of ids)
 
 
 class BenchSpec(_Model):
@@ -29,22 +36,27 @@ class BenchSpec(_Model):
     dataset_name: Literal["random-ids", "random"] = Field(
         default="random-ids", description="random-ids: random token ids (no download); random: random text."
     )
-    random_input_len: int = Field(default=1024, ge=1)
-    random_output_len: int = Field(default=1024, ge=1)
+    random_input_len: int = Field(default=1024, ge=1, le=MAX_TOKENS_PER_REQUEST)
+    random_output_len: int = Field(default=1024, ge=1, le=MAX_TOKENS_PER_REQUEST)
     random_range_ratio: float = Field(
         default=0.0, ge=0.0, le=1.0, description="Lengths ~ uniform[max(int(L*ratio), 1), L], as bench_serving."
     )
     concurrency: list[int] = Field(default_factory=lambda: [1, 64, 256], description="max_concurrency per level.")
     num_prompts: int | None = Field(
-        default=None, ge=1, description="Prompts per level; None: prompts_per_concurrency x concurrency."
+        default=None,
+        ge=1,
+        le=MAX_PROMPTS_PER_LEVEL,
+        description="Prompts per level; None: prompts_per_concurrency x concurrency.",
     )
-    prompts_per_concurrency: float = Field(default=2.0, gt=0)
-    min_prompts: int = Field(default=8, ge=1, description="Floor on prompts per level when num_prompts is None.")
+    prompts_per_concurrency: float = Field(default=2.0, gt=0, le=1000)
+    min_prompts: int = Field(
+        default=8, ge=1, le=MAX_PROMPTS_PER_LEVEL, description="Floor on prompts per level when num_prompts is None."
+    )
     request_rate: float = Field(default=math.inf, gt=0, description="Requests/s (Poisson arrivals); inf: all at once.")
-    warmup_requests: int = Field(default=1, ge=0)
+    warmup_requests: int = Field(default=1, ge=0, le=1000)
     ignore_eos: bool = True
-    seed: int = 42
-    request_timeout_s: float = Field(default=600.0, gt=0)
+    seed: int = Field(default=42, ge=0, le=2**32 - 1, description="numpy's seed, as bench_serving's --seed.")
+    request_timeout_s: float = Field(default=600.0, gt=0, le=86_400.0)
     goodput_slos_ms: dict[SloMetric, float] | None = Field(
         default=None,
         description="SGLang's --goodput SLOs in ms (ttft, tpot, e2el): each level then reports request goodput, "
@@ -69,9 +81,29 @@ class BenchSpec(_Model):
             raise ValueError("at least one concurrency level is needed")
         if any(c < 1 for c in levels):
             raise ValueError("concurrency levels must be positive integers")
+        if any(c > MAX_PROMPTS_PER_LEVEL for c in levels):
+            raise ValueError(f"a concurrency level is at most {MAX_PROMPTS_PER_LEVEL:,}")
         if len(set(levels)) != len(levels):
             raise ValueError("concurrency levels must not repeat")
         return levels
+
+    @model_validator(mode="after")
+    def _bounded_levels(self) -> BenchSpec:
+        top = max(self.concurrency)
+        prompts = self.prompts_for(top)
+        if prompts > MAX_PROMPTS_PER_LEVEL:
+            raise ValueError(
+                f"concurrency {top:,} sends {prompts:,} prompts, more than the {MAX_PROMPTS_PER_LEVEL:,} a level may "
+                "send: give num_prompts (or a smaller prompts_per_concurrency)"
+            )
+        for what, tokens in (("input", self.random_input_len), ("output", self.random_output_len)):
+            if prompts * tokens > MAX_TOKENS_PER_LEVEL[what]:
+                raise ValueError(
+                    f"concurrency {top:,} sends {prompts:,} prompts of up to {tokens:,} {what} tokens, "
+                    f"{prompts * tokens:,} in all, more than the {MAX_TOKENS_PER_LEVEL[what]:,} a level may send: "
+                    "give fewer prompts or shorter requests"
+                )
+        return self
 
     def prompts_for(self, concurrency: int) -> int:
         """How many measured prompts a level at this concurrency sends."""
