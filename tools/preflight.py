@@ -8,6 +8,12 @@ does not exist, a flag the engine refuses (unknown, removed, ambiguous, invalid)
 a plan item are errors; a flag the engine accepts but reads nowhere (no-op), a deprecated one, and a plan check's
 warning are warnings; where the profiles and the audit's verdicts came from, and what is not available for this
 target (the twin's predictions without calibrated profiles), are info.
+
+An error of the target or of the plan as a whole (a profile, the engine version, a base flag) stops every campaign
+before its baseline, so `check_runnable` refuses such a plan before a session exists (`pivot run`, `pivot demo`,
+the TUI's new session, a session a command creates from a plan). An item's error stops that item only: the
+campaign rules out an item whose flags the engine refuses before any launch, and carries a plan check's error in
+the item's document, so those are shown and the campaign goes on.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from agent import models as m
-from agent.errors import PivotError
+from agent.errors import PivotError, PlanError
 from tools.profiles.target import hardware_profile_for, model_profile_for
 
 Severity = Literal["error", "warning", "info"]
@@ -149,3 +155,52 @@ def preflight(plan: m.Plan, engine_options: Mapping[str, Any] | None = None) -> 
                 )
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(problems, key=lambda p: order[p.severity])  # stable: plan order within a severity
+
+
+def blocks_run(problem: PlanProblem) -> bool:
+    """Whether a problem stops every campaign on the plan: an error of the target or of the plan as a whole."""
+    return problem.severity == "error" and not problem.where.startswith("item ")
+
+
+def check_runnable(plan: m.Plan, engine_options: Mapping[str, Any] | None = None) -> list[PlanProblem]:
+    """`preflight` (the plan's engine built with `engine_options`), refusing the plan (PlanError, before any session
+    or server exists) when an error of its target or of the plan as a whole would stop the campaign; returns the item
+    errors and warnings for the caller to show."""
+    problems = preflight(plan, engine_options)
+    blocking = [p for p in problems if blocks_run(p)]
+    if blocking:
+        where = _ref(plan)
+        shown = "; ".join(f"{p.where}: {p.message}" for p in blocking[:3])
+        more = f" (and {len(blocking) - 3} more)" if len(blocking) > 3 else ""
+        raise PlanError(
+            f"the plan {where} cannot run: {shown}{more}; no session was recorded",
+            hint=f"`pivot plan check {where}` lists every problem; fix the target and run again",
+        )
+    return [p for p in problems if p.severity != "info"]
+
+
+def item_errors_note(plan: m.Plan, problems: list[PlanProblem]) -> str | None:
+    """One line on the item errors a campaign goes on with (what it does with each), or None when there are none."""
+    refused = sorted({p.where.removeprefix("item ") for p in problems if p.severity == "error" and p.check == "audit"
+                      and p.where.startswith("item ")})  # fmt: skip
+    claims = sorted({p.where.removeprefix("item ") for p in problems if p.severity == "error"
+                     and p.check == "plan-check" and p.where.startswith("item ")})  # fmt: skip
+    if not refused and not claims:
+        return None
+    parts = []
+    if refused:
+        parts.append(f"{', '.join(refused)} (flags the engine refuses: ruled out before any launch)")
+    if claims:
+        parts.append(f"{', '.join(claims)} (a physics or direction error: its document says so)")
+    return f"plan check: errors in items {'; '.join(parts)}; `pivot plan check {_ref(plan)}` shows them"
+
+
+def _ref(plan: m.Plan) -> str:
+    """How a user names the plan: a shipped plan by its name, another by its file."""
+    from pathlib import Path
+
+    from agent.plans import bundled_plans_dir
+
+    if plan.source and Path(plan.source).resolve().parent != bundled_plans_dir().resolve():
+        return plan.source
+    return plan.name

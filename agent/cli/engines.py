@@ -117,7 +117,10 @@ def _open_session(ctx: click.Context, session_ref: str | None, plan_ref: str | N
             raise PivotError("give --session or --plan, not both")
         session = Session.open(home.store, home.paths, session_ref)
     else:
+        from tools.preflight import check_runnable
+
         plan = load_plan(plan_ref or settings().demo_plan)
+        check_runnable(plan)  # a target with an error is refused before a session exists
         session = Session.create(
             home.store, home.paths, plan, name=f"{ctx.info_name} {engine_name}", engine_name=engine_name
         )

@@ -204,7 +204,10 @@ def import_cmd(
                 hint=f"add --plan NAME to create it (`pivot plan list` shows the shipped plans), e.g. "
                 f"pivot import {session_ref} {file} --label {label!r} --plan glm5-nvfp4-rtxpro6000x8",
             ) from None
+        from tools.preflight import check_runnable
+
         plan = load_plan(plan_ref)
+        check_runnable(plan)  # a target with an error is refused before a session exists
         with Session.create(store, home.paths, plan, name=session_ref, engine_name=plan.target.engine) as s:
             record = s.record
         created = True

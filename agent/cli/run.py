@@ -66,7 +66,9 @@ def _start(
         plan = plan.model_copy(update={"workload": workload})
     if objective:
         plan = plan.with_objective(objective_of(plan.objective, **objective))
+    check_plan(plan, engine, settings)
     _preflight(engine, plan)
+    _check_engine(engine, settings)
     model_name = default_model(method["model"])
     if method["model_base_url"] is not None:  # checked before it is stored: no key in it, a port in range
         method["model_base_url"] = loop.check_model_base_url(method["model_base_url"])
@@ -111,6 +113,24 @@ def _record_profiles(session: Session) -> None:
         return
     if profiles.generated:
         err.print("profiles: " + "; ".join(profiles.notes), highlight=False)
+
+
+def check_plan(plan: m.Plan, engine: str, settings: m.SessionSettings) -> None:
+    """Refuse a plan whose target has an error before a session exists; warn of the item errors the campaign
+    handles (an item the engine refuses is ruled out before any launch)."""
+    from tools.preflight import check_runnable, item_errors_note
+
+    options = settings.engine_options if engine == plan.target.engine else {}  # the audit's engine is the plan's
+    note = item_errors_note(plan, check_runnable(plan, options))
+    if note:
+        warn(note)
+
+
+def _check_engine(engine: str, settings: m.SessionSettings) -> None:
+    """Build the engine once with the session's options, so an option it refuses is one line before a session."""
+    from agent.contracts import load_engine
+
+    load_engine(engine, **settings.engine_options)
 
 
 def _preflight(engine: str, plan: m.Plan) -> None:

@@ -129,9 +129,11 @@ class ChatController:
         """Start a session on a plan with `pivot run PLAN`'s defaults on the sim engine (`demo`: `pivot demo`'s)."""
         from agent import defaults
         from agent.plans import load_plan
+        from tools.preflight import check_runnable, item_errors_note
 
         self._require_none()
         plan = load_plan(defaults.demo()[0] if demo else plan_ref)
+        problems = check_runnable(plan)  # an error of the target: refused before a session exists
         settings = run_settings(plan, demo=demo)
         model_name = defaults.default_model(model)
         self.session = Session.create(
@@ -145,6 +147,9 @@ class ChatController:
             engine=self._engine(),
             events=self.emit,
         )
+        note = item_errors_note(plan, problems)
+        if note:
+            self._say("warning", note)
         return self.session
 
     def _require_none(self) -> None:

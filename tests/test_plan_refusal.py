@@ -1,0 +1,92 @@
+"""A plan whose target has an error is refused before any session exists, wherever a session is started from it
+(`pivot run`, `pivot demo`'s path, the TUI's new session, `pivot serve --plan`, `pivot import --plan`); an item's
+error does not stop a campaign (the campaign handles it) but is said once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from agent.cli import cli
+from agent.errors import PlanError
+from agent.plans import load_plan
+from agent.store import Store
+from tools.preflight import blocks_run, check_runnable, item_errors_note, preflight
+
+ROOT = Path(__file__).resolve().parent.parent
+LLAMA = (ROOT / "plans" / "llama70b-fp8-h200x1.toml").read_text()
+
+
+def _plan(tmp_path: Path, old: str, new: str) -> Path:
+    assert old in LLAMA
+    path = tmp_path / "bad.toml"
+    path.write_text(LLAMA.replace(old, new, 1))
+    return path
+
+
+BAD_TARGETS = {
+    "hardware": ('hardware = "h200"', 'hardware = "h20"', "no hardware profile 'h20'"),
+    "base-flag": ('flags = "', 'flags = "--no-such-flag ', "--no-such-flag"),
+    "model-profile": ('model_profile = "llama-3.3-70b-fp8"', 'model_profile = "nope.toml"', "nope.toml"),
+    "engine-version": ('engine_version = "0.5.23"', 'engine_version = "0.0.1"', "0.0.1"),
+}
+
+
+def _sessions(pivot_home: Path) -> list:
+    db = pivot_home / "state" / "pivot.db"
+    return Store(db).session_summaries() if db.exists() else []
+
+
+@pytest.mark.parametrize("case", list(BAD_TARGETS))
+def test_pivot_run_refuses_a_plan_whose_target_has_an_error_before_any_session(case, tmp_path, pivot_home):
+    old, new, needle = BAD_TARGETS[case]
+    path = _plan(tmp_path, old, new)
+    result = CliRunner().invoke(cli, ["run", str(path)], catch_exceptions=False)
+    assert result.exit_code == 1, result.output
+    assert "cannot run" in result.stderr and needle in result.stderr and "no session was recorded" in result.stderr
+    assert "pivot plan check" in result.stderr
+    assert _sessions(pivot_home) == []
+    plan_check = CliRunner().invoke(cli, ["plan", "check", str(path)], catch_exceptions=False)
+    assert plan_check.exit_code == 1 and "`pivot run` refuses this plan" in plan_check.stdout
+
+
+@pytest.mark.parametrize("args", [["serve", "--engine", "sim-http", "--plan", "PLAN", "--", "--tp-size", "1"],
+                                  ["import", "new-session", "FILE", "--label", "x", "--plan", "PLAN"]])  # fmt: skip
+def test_every_command_that_creates_a_session_from_a_plan_refuses_it_too(args, tmp_path, pivot_home):
+    path = _plan(tmp_path, 'hardware = "h200"', 'hardware = "h20"')
+    results = tmp_path / "results.jsonl"
+    results.write_text("{}\n")
+    argv = [str(path) if a == "PLAN" else str(results) if a == "FILE" else a for a in args]
+    result = CliRunner().invoke(cli, argv, catch_exceptions=False)
+    assert result.exit_code == 1 and "cannot run" in result.stderr, result.output
+    assert _sessions(pivot_home) == []
+
+
+def test_the_tuis_new_session_refuses_it_before_a_session_exists(tmp_path, paths, store):
+    from agent.tui.controller import ChatController
+
+    path = _plan(tmp_path, 'hardware = "h200"', 'hardware = "h20"')
+    controller = ChatController(paths, store)
+    with pytest.raises(PlanError, match="cannot run"):
+        controller.create(str(path))
+    assert controller.session is None and store.session_summaries() == []
+
+
+def test_an_engine_option_the_engine_refuses_is_refused_before_a_session(pivot_home):
+    for args in (["--engine", "command"], ["--engine", "sim-http", "-o", "time_scale=nan"]):
+        result = CliRunner().invoke(cli, ["run", "llama70b-fp8-h200x1", *args], catch_exceptions=False)
+        assert result.exit_code == 1 and result.stderr.startswith("error: "), result.output
+    assert _sessions(pivot_home) == []
+
+
+def test_item_errors_do_not_stop_a_campaign_and_are_said_in_one_line():
+    plan = load_plan("glm5-nvfp4-rtxpro6000x8")  # the seeds' plan: 02's removed flag, 05's direction
+    problems = check_runnable(plan)
+    assert [p.where for p in problems if p.severity == "error"] == ["item 02", "item 05"]
+    assert not any(blocks_run(p) for p in preflight(plan))
+    note = item_errors_note(plan, problems)
+    assert note is not None and "02 (flags the engine refuses: ruled out before any launch)" in note
+    assert "05 (a physics or direction error" in note and "pivot plan check glm5-nvfp4-rtxpro6000x8" in note
+    assert item_errors_note(load_plan("llama70b-fp8-h200x1"), check_runnable(load_plan("llama70b-fp8-h200x1"))) is None
