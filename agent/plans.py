@@ -182,6 +182,8 @@ def plan_changes(old: Plan, new: Plan, experiments: list[Experiment] | None = No
     """What `new` changes in `old`, one line each; a PlanError when the change cannot apply to a session whose
     ledger holds `experiments` (another target, or an item removed that experiments were run for)."""
     fixed = ("model", "model_profile", "hardware", "gpus", "engine")
+    if new.source and Path(new.source).is_file():  # a session recorded before profile paths were made absolute
+        old = with_profile_paths(old, Path(new.source).resolve().parent)
     moved = [f for f in fixed if getattr(old.target, f) != getattr(new.target, f)]
     if moved:
         what = ", ".join(f"target.{f} {getattr(old.target, f)!r} -> {getattr(new.target, f)!r}" for f in moved)
@@ -265,4 +267,23 @@ def load_plan(ref: str | Path) -> Plan:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise PlanError(f"{path}: cannot read the plan: {e}") from e
-    return parse_plan(text, source=str(path))
+    return with_profile_paths(parse_plan(text, source=str(path)), path.resolve().parent)
+
+
+def is_profile_path(ref: str) -> bool:
+    """Whether a profile reference is a file (`my-gpu.toml`, `profiles/x.toml`) rather than a shipped profile's name."""
+    return ref.endswith(".toml") or "/" in ref or "\\" in ref
+
+
+def with_profile_paths(plan: Plan, folder: Path) -> Plan:
+    """The plan with each profile it names by a relative path (`model_profile = "qwen.toml"`) made absolute from
+    `folder`, the plan file's directory, so the plan means the same files from any working directory."""
+    target = plan.target
+    update: dict[str, Any] = {}
+    for field in ("model_profile", "hardware"):
+        ref = getattr(target, field)
+        if ref and is_profile_path(ref) and not Path(ref).expanduser().is_absolute():
+            update[field] = str((folder / Path(ref).expanduser()).resolve())
+    if not update:
+        return plan
+    return plan.model_copy(update={"target": target.model_copy(update=update)})
