@@ -269,7 +269,7 @@ class Autopilot(Steps):
 
     def finish(self, moves: Moves, ledger: reports.Ledger, last: dict[str, tuple[dict[str, Any], Any]]) -> Call:
         method = moves.method
-        q = "The campaign is finished. To go on, resume this session with an item to test again or a new direction."
+        q = reports.FINISHED_QUESTION
         latest = reports.latest_status_doc(ledger.documents)
         written = "write_status_summary" in last or (
             latest is not None

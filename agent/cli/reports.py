@@ -1,10 +1,16 @@
 """`pivot summary`, `pivot docs`, `pivot analyze` and `pivot import`: reports from the ledger, and results run by hand.
 
-Reports are rebuilt from the ledger without taking the session's lock (a live run may hold it); a file you
-edited by hand is never overwritten, and the command says where the new version went.
+A command that writes a session's documents or findings takes the session's lock while it writes, so it never
+rewrites a file a live campaign is writing (a live pivot holds the lock; the command says so and changes
+nothing); `pivot docs --no-write` and `pivot show` only read. A file you edited by hand is never overwritten, and
+the command says where the new version went.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import click
 
@@ -12,7 +18,13 @@ from agent import models as m
 from agent.cli.options import Number
 from agent.console import dump, err, make_table, out, print_json, warn
 from agent.errors import PivotError, SessionNotFound
-from tools.reports import SessionRef, list_documents, write_improvement_docs, write_status_summary
+from tools.reports import (
+    SessionRef,
+    latest_status_doc,
+    list_documents,
+    write_improvement_docs,
+    write_status_summary,
+)
 
 
 def _home(ctx: click.Context):
@@ -31,6 +43,19 @@ def _analyse(ref: SessionRef, experiment_id: int | None = None, *, quiet: bool =
         if not quiet:
             warn(f"analysis skipped: {e.message}" + (f" ({e.hint})" if e.hint else ""))
         return None
+
+
+@contextmanager
+def _locked(home: Any, session_id: str) -> Iterator[SessionRef]:
+    """The session, locked for this process while a report is written (SessionLocked when a live pivot holds it)."""
+    notice = home.store.acquire_session(session_id)
+    try:
+        ref = SessionRef(home.store, home.paths, session_id)
+        if notice:
+            ref.notices.append(notice)
+        yield ref
+    finally:
+        home.store.release_session(session_id)
 
 
 def _notices(ref: SessionRef) -> None:
@@ -62,10 +87,12 @@ def summary(
     """
     home = _home(ctx)
     record = home.store.get_session(session_ref)
-    ref = SessionRef(home.store, home.paths, record.id)
-    _analyse(ref)
-    write_improvement_docs(ref)
-    doc = write_status_summary(ref, question, list(options) or None, new=new, html=html)
+    with _locked(home, record.id) as ref:
+        if question is not None and not new:
+            _refuse_rewording(ref)
+        _analyse(ref)
+        write_improvement_docs(ref)
+        doc = write_status_summary(ref, question, list(options) or None, new=new, html=html)
     path = home.paths.home / doc.path
     html_path = path.with_suffix(".html") if html else None
     if html_path is not None and not html_path.exists():  # the .md went beside an edited file
@@ -79,6 +106,19 @@ def summary(
     _notices(ref)
     err.print(f"status summary: {path}" + (f"\nHTML: {html_path}" if html_path else ""))
     click.echo(text, nl=False)
+
+
+def _refuse_rewording(ref: SessionRef) -> None:
+    """A summary that went with an open pivot keeps its question: answering its options from the file must do what
+    the ledger's pivot says."""
+    pivot = ref.store.open_pivot(ref.id)
+    latest = latest_status_doc(ref.store.documents(ref.id))
+    if pivot is not None and latest is not None and pivot.summary_path == latest.path:
+        raise PivotError(
+            f"{latest.path} goes with the open pivot, whose question it keeps",
+            hint=f"answer it with `pivot resume {ref.id} --answer ...`, or give --new to write another summary with "
+            "your question",
+        )
 
 
 @click.command()
@@ -96,7 +136,8 @@ def docs(ctx: click.Context, session_ref: str, no_write: bool, as_json: bool) ->
     record = home.store.get_session(session_ref)
     ref = SessionRef(home.store, home.paths, record.id)
     if not no_write:
-        write_improvement_docs(ref)
+        with _locked(home, record.id) as ref:
+            write_improvement_docs(ref)
     documents = list_documents(ref)
     if as_json:
         print_json([dump(d) for d in documents])
@@ -127,9 +168,9 @@ def analyze(ctx: click.Context, session_ref: str, experiment_id: int | None, as_
 
     home = _home(ctx)
     record = home.store.get_session(session_ref)
-    ref = SessionRef(home.store, home.paths, record.id)
-    result = analysis.analyze(ref, experiment_id)
-    claims = analysis.check_plan(ref)
+    with _locked(home, record.id) as ref:
+        result = analysis.analyze(ref, experiment_id)
+        claims = analysis.check_plan(ref)
     if as_json:
         print_json({"analysis": dump(result), "plan_checks": [dump(c) for c in claims]})
         return

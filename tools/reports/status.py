@@ -10,7 +10,14 @@ from typing import Any
 from agent import models as m
 from agent.errors import PivotError
 from agent.servers import fault_point
-from tools.reports.common import CHANGE_FORMULA, SET_ASIDE, STATUS_HEADINGS, VERDICT_WORDS, SessionLike
+from tools.reports.common import (
+    CHANGE_FORMULA,
+    FINISHED_QUESTION,
+    SET_ASIDE,
+    STATUS_HEADINGS,
+    VERDICT_WORDS,
+    SessionLike,
+)
 from tools.reports.expectations import Expectation, next_steps
 from tools.reports.html import write_status_html
 from tools.reports.ledger import Ledger, _items, config_text, plan_warnings
@@ -35,11 +42,22 @@ class Summary:
     series: dict[str, Any] = field(default_factory=dict)
 
 
-def _default_question(ledger: Ledger, steps: list[tuple[m.PlanItem, Expectation | None]]) -> tuple[str, list[str]]:
+def summary_question(
+    ledger: Ledger, number: int, steps: list[tuple[m.PlanItem, Expectation | None]]
+) -> tuple[str, list[str]]:
+    """The question a rebuilt summary ends on, from the ledger: the pivot that went with this summary (open or
+    answered: what was asked is what the file says), else the open pivot, else a finished campaign's own words,
+    else a question built from the next steps that pivot can run (a code item is the user's to make)."""
+    name = f"status-{number:03d}.md"
+    asked = [p for p in ledger.pivots if p.summary_path and p.summary_path.rsplit("/", 1)[-1] == name]
+    if asked:
+        return asked[-1].question, asked[-1].options
     open_ = [p for p in ledger.pivots if p.open]
     if open_:
         return open_[-1].question, open_[-1].options
-    options = [f"{item.id} {item.title}" for item, _ in steps[:3]]
+    if ledger.record.status == "finished":
+        return FINISHED_QUESTION, []
+    options = [f"{item.id} {item.title}" for item, _ in steps if item.kind != "code"][:3]
     options.append("Something else (say what)")
     return "Which of these should pivot pursue next, or do you have a different direction in mind?", options
 
@@ -115,7 +133,7 @@ def render_status(ledger: Ledger, number: int, question: str | None, options: Se
     steps = next_steps(ledger)
     out += ["## Next steps", "", *_next_steps(ledger, steps, tried)]
     if question is None:
-        question, options = _default_question(ledger, steps)
+        question, options = summary_question(ledger, number, steps)
     options = list(options or [])
     out += ["## Question", "", *_question(ledger, question, options)]
     text = "\n".join(out).rstrip() + "\n"
