@@ -202,6 +202,16 @@ class BenchLevel(BaseModel):
     max_dispatch_delay_ms: float | None = None
     client_cpu_s: float | None = None
     warnings: list[str] = Field(default_factory=list)
+    refused: str | None = Field(
+        default=None,
+        description="Why this level is not a measurement (the twin served over HTTP fell behind its clock even at "
+        "the lowest time scale, so the numbers are the host's): it is kept and shown, never judged or compared.",
+    )
+
+    @property
+    def holds(self) -> bool:
+        """Whether a comparison may use this level: requests completed, none failed, and it is a measurement."""
+        return self.completed > 0 and self.failed == 0 and self.refused is None
 
     @model_serializer(mode="wrap")
     def _omit_unset_extras(self, handler):  # type: ignore[no-untyped-def]
@@ -235,11 +245,15 @@ class BenchLevel(BaseModel):
     @classmethod
     def mean(cls, levels: Sequence[BenchLevel]) -> BenchLevel:
         """The mean of runs of one level (reruns of an experiment): every float averaged, counts from the last run.
-        A run with failed requests is not averaged away: then the last run is returned as it is."""
+        A run with failed requests is not averaged away: then the last run is returned as it is. A run refused as a
+        measurement is left out of the mean of the others (and returned when no run is a measurement)."""
         if not levels:
             raise ValueError("no level to average")
+        measured = [lv for lv in levels if lv.refused is None]
+        if measured and len(measured) < len(levels) and not any(lv.failed > 0 for lv in levels):
+            levels = measured
         last = levels[-1]
-        if len(levels) == 1 or any(lv.failed > 0 for lv in levels):
+        if len(levels) == 1 or any(lv.failed > 0 for lv in levels) or any(lv.refused for lv in levels):
             return last
         dumps = [lv.model_dump() for lv in levels]
         data = dict(dumps[-1])

@@ -157,6 +157,22 @@ class Method:
             }
         )
 
+    def refused_levels(self, e: m.Experiment) -> list[int]:
+        """Levels of `e` refused as measurements (the twin fell behind its clock), which no judgement uses."""
+        return sorted(
+            {lv.max_concurrency for r in self.runs.get(e.id or 0, []) for lv in r.levels
+             if lv.refused and lv.max_concurrency is not None}
+        )  # fmt: skip
+
+    def _refused_clause(self, e: m.Experiment) -> str:
+        refused = self.refused_levels(e)
+        if not refused:
+            return ""
+        return (
+            f"; not a measurement at concurrency {', '.join(map(str, refused))} (this host fell behind the twin's "
+            "clock): not compared"
+        )
+
     def run_count(self, e: m.Experiment) -> int:
         return len(self.runs.get(e.id or 0, []))
 
@@ -385,6 +401,7 @@ class Method:
             if len(runs) > 1:
                 word = "spread" if len(runs) == 2 else "noise, twice the standard error of the mean"
                 text += f" (mean of {len(runs)} runs: {', '.join(_n(v) for v in runs)}; {word} {noise or 0:.1f}%)"
+            text += self._refused_clause(e)
             return Judgement(
                 suggestion="baseline", concurrency=top, after_tok_s=mean, runs_tok_s=runs, text=text, **common
             )
@@ -418,6 +435,7 @@ class Method:
                 f", but experiment {best.id}, run beside it, became the best{at}: not adopted (the search weighs it "
                 "again on the new best)"
             )
+        text += self._refused_clause(e)
         if noops:
             text += f"; {', '.join(noops)} {'is' if len(noops) == 1 else 'are'} accepted but read nowhere (no-op)"
         if unmodelled:

@@ -54,7 +54,7 @@ class Ledger:
                         by_level.setdefault(level.max_concurrency, []).append(level)
             levels[eid] = {c: m.BenchLevel.mean(lvs) for c, lvs in by_level.items()}
             for c, lvs in by_level.items():
-                ok = [lv.output_throughput for lv in lvs if lv.completed > 0 and lv.failed == 0]
+                ok = [lv.output_throughput for lv in lvs if lv.holds]
                 if (noise := m.BenchLevel.noise_pct(ok)) is not None:
                     spread.setdefault(eid, {})[c] = noise
             telemetry[eid] = {t.max_concurrency: t for t in store.telemetry(eid) if t.max_concurrency is not None}
@@ -94,7 +94,7 @@ class Ledger:
 
     def ok_levels(self, e: m.Experiment) -> dict[int, m.BenchLevel]:
         """Levels that completed requests without failures."""
-        return {c: lv for c, lv in self.levels.get(e.id or 0, {}).items() if lv.completed > 0 and lv.failed == 0}
+        return {c: lv for c, lv in self.levels.get(e.id or 0, {}).items() if lv.holds}
 
     def figure(self, e: m.Experiment) -> tuple[float, int, int] | None:
         """The one number every view gives for an experiment: (output tok/s, concurrency, runs), the mean of its

@@ -90,7 +90,16 @@ def _effect_text(ledger: Ledger, e: m.Experiment) -> str:
     if e.status == "failed" and not levels:
         return f"did not start ({e.failure or 'failed'})"
     failed = sorted(c for c, lv in levels.items() if lv.failed > 0)
+    refused = sorted(c for c, lv in levels.items() if lv.refused and lv.failed == 0)
     ok = ledger.ok_levels(e)
+    return _effect_parts(ledger, e, ok, failed) + (
+        f"; not a measurement at {', '.join(map(str, refused))} (this host fell behind the twin's clock)"
+        if refused
+        else ""
+    )
+
+
+def _effect_parts(ledger: Ledger, e: m.Experiment, ok: dict[int, m.BenchLevel], failed: list[int]) -> str:
     base = ledger.base_of(e)
     if e.kind == "baseline" or e.verdict == "baseline" or base is None:
         if not ok:
