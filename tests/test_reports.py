@@ -443,7 +443,12 @@ def test_charts_a_reader_understands_at_a_glance():
     assert any(t == "#8 crashed at 1024 (cuda-error)" for t in texts)
     assert {"#1", "#3", "#5", "#7"} <= set(texts)  # direct labels where the lines end
     crosses = [line for line in ax.get_lines() if line.get_marker() == "X" and list(line.get_xdata()) == [1024]]
-    assert crosses and list(crosses[0].get_ydata()) == [700]
+    # a crashed level is a gap with a cross on the concurrency axis, never a value: not at 700 (the last that held)
+    assert len(crosses) == 1 and crosses[0].get_transform() == ax.get_xaxis_transform()
+    assert all(0 < y < 0.2 for y in crosses[0].get_ydata()) and crosses[0].get_linestyle() == "None"
+    crashed = next(line for line in lines if line.get_label().startswith("#8"))
+    assert list(crashed.get_xdata()) == [1, 256]  # its line ends at the last level that held
+    assert not any(1024 in list(line.get_xdata()) and 700 in list(line.get_ydata()) for line in ax.get_lines())
     band_poly = [c for c in ax.collections if c.get_label().startswith("noise band")]
     assert band_poly
     plt.close(fig)
