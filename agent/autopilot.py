@@ -40,6 +40,7 @@ from agent.steps import Call, Steps
 from tools import reports, search
 from tools.method import Method, Moves
 from tools.method.moves import profiled
+from tools.numbering import Numbering
 
 
 class AutopilotRefused(RuntimeError):
@@ -70,6 +71,8 @@ class Autopilot(Steps):
             raise AutopilotRefused(f"the same verdict twice in a row changed nothing: {call.args}")
         if call.tool is None:
             return ModelResponse(parts=[TextPart(call.text)])
+        # the policy reads the ledger's ids; a model speaks the session's experiment numbers (tools/numbering.py)
+        call = Call(call.tool, Numbering(self.session.store, self.session.id).to_numbers(call.args), call.text)
         tool_call_id = (
             "ap-"
             + hashlib.sha256(
@@ -242,8 +245,8 @@ class Autopilot(Steps):
             }
             if shares:
                 parts = sorted(shares.items(), key=lambda kv: -kv[1])
-                return ", ".join(f"{k.replace('_', ' ')} {v:.0f}%" for k, v in parts) + f" (experiment {e.id})"
-        return f"recorded with experiment {e.id}"
+                return ", ".join(f"{k.replace('_', ' ')} {v:.0f}%" for k, v in parts) + f" (experiment {e.number})"
+        return f"recorded with experiment {e.number}"
 
     # ---- pivots and the end
 
@@ -283,7 +286,7 @@ class Autopilot(Steps):
         j = method.judge(best) if best is not None else None
         line = (
             f"best {j.after_tok_s:,.0f} {method.objective.unit} at concurrency {j.concurrency} with experiment "
-            f"{best.id} ({best.config})"
+            f"{best.number} ({best.config})"
             if j is not None and j.after_tok_s is not None and best is not None
             else "no result"
         )

@@ -56,6 +56,7 @@ from agent.session_tools import session_toolsets
 from agent.settings import settings
 from agent.text import quote
 from tools.method import Method, MethodGuard, Moves, method_text
+from tools.numbering import NumberedToolset
 
 pydantic_ai.BANNER_ENABLED = False  # pivot owns its terminal output (progress on stderr, the TUI's screen)
 
@@ -96,7 +97,8 @@ def state_text(session: Session) -> str:
     t = plan.target
     lines = [
         f"Session {session.id}: plan {plan.name} ({plan.title}); {t.model} on {session.record.hardware_text}, "
-        f"engine {session.record.engine}.",
+        f"engine {session.record.engine}. Experiments are numbered in this session (1 is its first); an "
+        "experiment_id is that number, as the user reads it in the reports.",
         "Tiers: " + "; ".join(f"{k} {v}: {', '.join(i.id for i in plan.tier_items(k))}" for k, v in plan.tiers.items()),
         f"Noise band: {method.band_pct():.1f}% (floor {method.settings.min_gain_pct:g}%); reruns "
         f"{method.settings.reruns}; pivot after {method.settings.stall_after} changes without gain.",
@@ -105,16 +107,16 @@ def state_text(session: Session) -> str:
     lines.append(f"Improvement documents written: {len(docs & set(plan.item_ids()))} of {len(plan.items)}.")
     best = method.best()
     if best is not None:
-        lines.append(f"Best configuration so far: experiment {best.id}: {best.config}")
+        lines.append(f"Best configuration so far: experiment {best.number}: {best.config}")
     shown = method.experiments[-16:]
     if len(method.experiments) > len(shown):
-        lines.append(f"Experiments 1-{shown[0].id - 1 if shown[0].id else '?'}: in the ledger (pivot show).")
+        lines.append(f"Experiments 1-{(shown[0].number or 1) - 1}: in the ledger (pivot show).")
     for e in shown:
         items = "+".join(e.plan_items) or "-"
         runs = method.run_count(e)
         why = f": {e.reason[:100]}" if e.reason else ""
         lines.append(
-            f"- experiment {e.id} item {items} {e.kind} {e.status}, {runs} run{'s' if runs != 1 else ''}, "
+            f"- experiment {e.number} item {items} {e.kind} {e.status}, {runs} run{'s' if runs != 1 else ''}, "
             f"verdict {e.verdict or '-'}{why}"
         )
     for p in method.pivots[-3:]:
@@ -135,7 +137,7 @@ def state_text(session: Session) -> str:
         what = "+".join(first.items) or ("without " + "+".join(first.reverts) if first.reverts else "-")
         lines.append(f"The search's next step: {first.action} {what}: {first.reason[:200]}")
     if session.live is not None:
-        lines.append(f"A server is running for experiment {session.live.experiment_id}.")
+        lines.append(f"A server is running for experiment {method.number(session.live.experiment_id)}.")
     return "\n".join(lines)
 
 
@@ -152,7 +154,8 @@ def build_agent(compact: bool = True) -> Agent[Session, str | DeferredToolReques
         deps_type=Session,
         output_type=[str, DeferredToolRequests],
         instructions=METHOD,
-        toolsets=[MethodGuard(t) for t in toolsets()],  # the method, enforced for every model
+        # the method, enforced for every model; outside it, the model's experiment numbers to the ledger's ids and back
+        toolsets=[NumberedToolset(MethodGuard(t)) for t in toolsets()],
         capabilities=[CompactHistory()] if compact else [],
         defer_model_check=True,
     )

@@ -90,3 +90,22 @@ def test_item_errors_do_not_stop_a_campaign_and_are_said_in_one_line():
     assert note is not None and "02 (flags the engine refuses: ruled out before any launch)" in note
     assert "05 (a physics or direction error" in note and "pivot plan check glm5-nvfp4-rtxpro6000x8" in note
     assert item_errors_note(load_plan("llama70b-fp8-h200x1"), check_runnable(load_plan("llama70b-fp8-h200x1"))) is None
+
+
+def test_plan_check_says_nothing_of_a_fraction_an_item_does_not_change(tmp_path):
+    """Before: "--mem-fraction-static 0.80 -> 0.80 shrinks the KV pool from 144,759 to 144,759" for every item."""
+    path = _plan(tmp_path, 'flags = "--tp-size 1"', 'flags = "--tp-size 1 --mem-fraction-static 0.80"')
+    problems = preflight(load_plan(path))
+    fraction = [p for p in problems if "--mem-fraction-static" in p.message]
+    assert [p.where for p in fraction] == ["item 05"]  # the one item that sets it (0.80 -> 0.92)
+    assert "0.80 -> 0.92 grows the KV pool" in fraction[0].message
+
+
+@pytest.mark.parametrize("value", ["1.5", "0", "-0.2", "nan", "inf"])
+def test_a_fraction_outside_0_1_is_an_error_in_an_item_and_stops_a_run_in_the_base_flags(value, tmp_path, pivot_home):
+    item = _plan(tmp_path, "--mem-fraction-static 0.92", f"--mem-fraction-static {value}")
+    (error,) = [p for p in preflight(load_plan(item)) if p.severity == "error"]
+    assert error.where == "item 05" and "lies in (0, 1]" in error.message and not blocks_run(error)
+    base = _plan(tmp_path, 'flags = "--tp-size 1"', f'flags = "--tp-size 1 --mem-fraction-static {value}"')
+    result = CliRunner().invoke(cli, ["run", str(base)], catch_exceptions=False)
+    assert result.exit_code == 1 and "lies in (0, 1]" in result.stderr and _sessions(pivot_home) == []

@@ -10,6 +10,7 @@ import re
 import pytest
 
 from agent import models as m
+from tests.factories import bench_level
 from tools.engines import http
 from tools.engines.http import HttpDeployment
 from tools.engines.process import live_servers
@@ -84,14 +85,7 @@ def test_a_refused_level_is_left_out_of_every_judgement(store, small_plan):
     spec = small_plan.workload
 
     def level(c: int, tok_s: float, refused: str | None = None) -> m.BenchLevel:
-        base: dict = {}
-        base.update(max_concurrency=c, duration=1.0, completed=8, total_input_tokens=8, total_output_tokens=8,
-                    request_throughput=1, input_throughput=1, output_throughput=tok_s, total_throughput=tok_s,
-                    concurrency=1, max_output_tokens_per_s=tok_s, refused=refused)  # fmt: skip
-        for key in ("e2e_latency", "ttft", "tpot", "itl"):
-            for stat in ("mean", "median", "std", "p90", "p95", "p99"):
-                base[f"{stat}_{key}_ms"] = 1.0
-        return m.BenchLevel.model_validate(base)
+        return bench_level(c, tok_s, refused=refused)
 
     base = store.add_experiment("clock1", m.Experiment(kind="baseline", config=small_plan.target.base_config(),
                                                        workload=spec, status="finished", verdict="baseline"))  # fmt: skip

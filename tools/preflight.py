@@ -126,6 +126,18 @@ def _has_predictor(plan: m.Plan, options: Mapping[str, Any]) -> bool:
         return False
 
 
+def _base_values(plan: m.Plan) -> list[PlanProblem]:
+    """Base flags whose values no server can start with (a memory fraction outside (0, 1]): errors of the target."""
+    from tools.analysis.common import flag_value
+    from tools.analysis.plan_checks import mem_fraction_problem
+
+    fraction = flag_value(plan.target.base_config(), "--mem-fraction-static")
+    if fraction is None or (why := mem_fraction_problem(fraction)) is None:
+        return []
+    return [PlanProblem(severity="error", where="target.flags", check="plan-check",
+                        message=f"--mem-fraction-static {fraction}: {why}", flag="--mem-fraction-static")]  # fmt: skip
+
+
 def preflight(plan: m.Plan, engine_options: Mapping[str, Any] | None = None) -> list[PlanProblem]:
     """The profiles, the audit of the base flags and of every item's flags (by the plan's engine built with
     `engine_options`), and the plan checks; errors first."""
@@ -133,6 +145,7 @@ def preflight(plan: m.Plan, engine_options: Mapping[str, Any] | None = None) -> 
 
     problems, calibrated = _profiles(plan.target)
     problems += _audit(plan, engine_options or {})
+    problems += _base_values(plan)
     if calibrated is not None:
         if not _has_predictor(plan, engine_options or {}):
             why = f"the {plan.target.engine} engine offers no predictor for it"
@@ -170,7 +183,7 @@ def check_runnable(plan: m.Plan, engine_options: Mapping[str, Any] | None = None
     blocking = [p for p in problems if blocks_run(p)]
     if blocking:
         where = _ref(plan)
-        shown = "; ".join(f"{p.where}: {p.message}" for p in blocking[:3])
+        shown = "; ".join(f"{p.where}: {p.message.rstrip('.')}" for p in blocking[:3])
         more = f" (and {len(blocking) - 3} more)" if len(blocking) > 3 else ""
         raise PlanError(
             f"the plan {where} cannot run: {shown}{more}; no session was recorded",

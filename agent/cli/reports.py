@@ -58,6 +58,20 @@ def _locked(home: Any, session_id: str) -> Iterator[SessionRef]:
         home.store.release_session(session_id)
 
 
+def _ledger_id(home: Any, session_id: str, number: int | None) -> int | None:
+    """The ledger's id of the session's experiment `number` (as reports show it); a clear error when there is none."""
+    if number is None:
+        return None
+    e = home.store.experiment_by_number(session_id, number)
+    if e is None:
+        count = len(home.store.experiments(session_id))
+        raise PivotError(
+            f"session {session_id} has no experiment {number}",
+            hint=f"its experiments are 1 to {count}" if count else "it has no experiments yet",
+        )
+    return e.id
+
+
 def _notices(ref: SessionRef) -> None:
     for notice in ref.notices:
         warn(notice)
@@ -146,9 +160,10 @@ def docs(ctx: click.Context, session_ref: str, no_write: bool, as_json: bool) ->
     if not documents:
         out.print(f"No documents for session {record.id} yet.")
         return
+    numbers = {e.id: e.number for e in home.store.experiments(record.id)}  # what reports call them
     table = make_table("document", "kind", "status", "experiments")
     for d in documents:
-        table.add_row(d.path, d.kind, d.status, ", ".join(f"#{i}" for i in d.experiment_ids))
+        table.add_row(d.path, d.kind, d.status, ", ".join(f"#{numbers.get(i, i)}" for i in d.experiment_ids))
     out.print(table)
 
 
@@ -158,7 +173,7 @@ def docs(ctx: click.Context, session_ref: str, no_write: bool, as_json: bool) ->
     "--experiment",
     "experiment_id",
     type=Number(int, min=1, max=2**62),
-    help="The experiment to analyse (default: the best).",
+    help="The experiment to analyse, by its number in the session as reports show it (default: the best).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the analysis as JSON on stdout.")
 @click.pass_context
@@ -169,13 +184,13 @@ def analyze(ctx: click.Context, session_ref: str, experiment_id: int | None, as_
     home = _home(ctx)
     record = home.store.get_session(session_ref)
     with _locked(home, record.id) as ref:
-        result = analysis.analyze(ref, experiment_id)
+        result = analysis.analyze(ref, _ledger_id(home, record.id, experiment_id))
         claims = analysis.check_plan(ref)
     if as_json:
         print_json({"analysis": dump(result), "plan_checks": [dump(c) for c in claims]})
         return
     title = m.BOTTLENECK_TITLES.get(result.bottleneck or "", "none")
-    out.print(f"[bold]experiment #{result.experiment_id}[/]: {title}", markup=True)
+    out.print(f"[bold]experiment #{home.store.get_experiment(result.experiment_id).number}[/]: {title}", markup=True)
     if result.bottleneck is None:
         out.print(f"  {result.summary}")
         for f in result.findings:
@@ -203,7 +218,7 @@ def analyze(ctx: click.Context, session_ref: str, experiment_id: int | None, as_
     "--base",
     "base_id",
     type=Number(int, min=1, max=2**62),
-    help="The experiment this run changed, for before/after comparisons.",
+    help="The experiment this run changed (its number in the session), for before/after comparisons.",
 )
 @click.option(
     "--plan",
@@ -256,7 +271,13 @@ def import_cmd(
         for notice in session.notices:
             warn(notice)
         result = import_bench_serving(
-            store, home.paths, session.id, file, label=label, flags=flags, base_experiment_id=base_id
+            store,
+            home.paths,
+            session.id,
+            file,
+            label=label,
+            flags=flags,
+            base_experiment_id=_ledger_id(home, session.id, base_id),
         )
     if as_json:
         print_json({**dump(result), "created_session": created})
@@ -270,7 +291,7 @@ def import_cmd(
     what = " (the session's baseline)" if result.baseline else ""
     out.print(
         f"imported {len(result.levels)} runs (concurrency {', '.join(map(str, result.levels))}) as experiment "
-        f"#{result.experiment_id}{what} into session {result.session_id}; "
+        f"#{store.get_experiment(result.experiment_id).number}{what} into session {result.session_id}; "
         f"{len(result.skipped)} line{'s' if len(result.skipped) != 1 else ''} skipped. "
         f"Next: pivot summary {result.session_id}"
     )

@@ -160,7 +160,9 @@ def _print_todos(todos: list[m.Todo]) -> None:
 def _print_experiments(experiments: list[m.Experiment], change: Callable[[m.Experiment], str], ledger: Any) -> None:
     out.print("\n[bold]Experiments[/]", markup=True)
     if experiments:
-        table = make_table("id", "item", "kind", "change", "status", "out tok/s (mean of runs)", "verdict", "reason")
+        table = make_table(
+            "#", "item", "kind", "change", "status", "out tok/s @judged level (mean of runs)", "verdict", "reason"
+        )
         for e in experiments:
             best_text = ledger.figure_text(e)
             reason = e.reason or ""
@@ -171,7 +173,7 @@ def _print_experiments(experiments: list[m.Experiment], change: Callable[[m.Expe
                 status += f" on {p.host}" + (f" GPUs {','.join(p.gpu_ids)}" if p.gpu_ids else "")
                 status += f" (attempt {p.attempt})" if p.attempt > 1 else ""
             table.add_row(
-                str(e.id), "+".join(e.plan_items), e.kind, change(e), status, best_text, e.verdict or "", reason
+                str(e.number), "+".join(e.plan_items), e.kind, change(e), status, best_text, e.verdict or "", reason
             )
         out.print(table)
     else:

@@ -26,6 +26,7 @@ from agent.session import EventSink, Paths, Session
 from agent.store import Store
 from agent.tui import view
 from agent.tui.cancel import CancellableEngine, Canceller, StepCancelled, stop_quietly
+from tools.numbering import number_of
 
 CANCELLED = "step cancelled: the server was stopped and the ledger is as a resume finds it"
 EngineFactory = Callable[[m.Session], Engine]
@@ -194,8 +195,8 @@ class ChatController:
             alive = dep.alive()
             telemetry = dep.telemetry() if alive else None
         except Exception as e:  # a reading that fails must not take the UI down
-            return f"exp {live.experiment_id}: {type(e).__name__}", None
-        return f"exp {live.experiment_id} {'ready' if alive else 'down'}", telemetry
+            return f"exp {number_of(self.require(), live.experiment_id)}: {type(e).__name__}", None
+        return f"exp {number_of(self.require(), live.experiment_id)} {'ready' if alive else 'down'}", telemetry
 
     # ---- running
 

@@ -52,7 +52,8 @@ WATCH_S = 0.2  # how often a benchmark checks that the server is still running
 
 
 def server_log_path(paths: Paths, session_id: str, engine: str, experiment_id: int | None = None) -> Path:
-    """A new log file for one server under state/<session>/logs/ (the name says engine, experiment and time)."""
+    """A new log file for one server under state/<session>/logs/ (the name says engine, experiment and time;
+    `experiment_id` is the experiment's number in the session, as the reports call it)."""
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     prefix = f"exp{experiment_id:03d}-" if experiment_id is not None else ""
     stem = f"{prefix}{engine}-{stamp}"
@@ -79,7 +80,8 @@ def launch_in_session(
     engine = engine or session.engine
     if engine is None:
         raise PivotError("this session has no engine to launch with", hint="open the session with an engine")
-    log_path = server_log_path(session.paths, session.id, engine.name, experiment_id)
+    number = session.store.get_experiment(experiment_id).number if experiment_id is not None else None
+    log_path = server_log_path(session.paths, session.id, engine.name, number)  # named as the reports call it
     ledger = LedgerLink(session.store, session.id, experiment_id, session.paths)
     return engine.launch(config, log_path, ledger=ledger, force=force, issues=issues)
 

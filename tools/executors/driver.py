@@ -142,7 +142,7 @@ def _prepare(session: Session, e: m.Experiment, entries: dict[int, BatchEntry], 
             config=e.config,
             workload=e.workload,
             gpus=engine.parallelism(e.config).gpus,
-            log_path=str(server_log_path(paths, session.id, engine.name, eid)),
+            log_path=str(server_log_path(paths, session.id, engine.name, e.number or eid)),
             raw_path=str(raw_run_file(session, eid, run)),
             mark=server_mark(store.path, session.id),
             ready_timeout_s=engine.ready_timeout_s,
@@ -151,6 +151,7 @@ def _prepare(session: Session, e: m.Experiment, entries: dict[int, BatchEntry], 
             objective=objective,
             capacity_start=start,
             audit=tuple(issues),
+            number=e.number,
         )
         for run in range(runs + 1, runs + n + 1)
     ]
@@ -209,7 +210,7 @@ def _bring_log(session: Session, task: ExperimentTask, outcome: TaskOutcome) -> 
     path = Path(task.log_path)
     if outcome.log_text is None:
         return path if path.exists() else None
-    header = f"\n# pivot: experiment {task.experiment_id} run {task.run} on {outcome.placement.host}"
+    header = f"\n# pivot: {task.label} on {outcome.placement.host}"
     if outcome.placement.log_path:
         header += f" (its log there: {outcome.placement.log_path})"
     with contextlib.suppress(OSError):

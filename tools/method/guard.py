@@ -61,7 +61,7 @@ def _check_step(moves: Moves, session: Session, tool: str, args: Args) -> str | 
     seen: set[str] = set()
     for member in members:
         rerun = member.get("experiment_id")
-        items = [f"experiment {rerun}"] if rerun is not None else [
+        items = [f"experiment {moves.method.number(rerun) or rerun}"] if rerun is not None else [
             *(str(x) for x in member.get("plan_items") or []), *([str(member["plan_item"])] if member.get("plan_item") and not member.get("plan_items") else [])
         ]  # fmt: skip
         twice = [i for i in items if i in seen]

@@ -135,6 +135,11 @@ class Method:
     def experiment(self, experiment_id: int | None) -> m.Experiment | None:
         return next((e for e in self.experiments if e.id == experiment_id), None)
 
+    def number(self, experiment_id: int | None) -> int | None:
+        """The session's number of the experiment with this ledger id (what a user and a model call it)."""
+        e = self.experiment(experiment_id)
+        return e.number if e is not None else None
+
     # ---- levels
 
     def ok_values(self, e: m.Experiment) -> dict[int, list[float]]:
@@ -425,14 +430,14 @@ class Method:
         )
         text = (
             f"{change:+.1f}% {self.objective.unit} at concurrency {c} ({_n(b)} -> {measured}; experiment "
-            f"{e.base_experiment_id} "
-            f"-> {eid})"
+            f"{self.number(e.base_experiment_id)} "
+            f"-> {e.number})"
         ) + self._band_clause(suggestion, change, band, noise)
         if suggestion == "superseded" and best is not None:
             bv = self.ok_values(best).get(c) or []
             at = f" with {_n(sum(bv) / len(bv))} {self.objective.unit} at concurrency {c}" if bv else ""
             text += (
-                f", but experiment {best.id}, run beside it, became the best{at}: not adopted (the search weighs it "
+                f", but experiment {best.number}, run beside it, became the best{at}: not adopted (the search weighs it "
                 "again on the new best)"
             )
         text += self._refused_clause(e)

@@ -92,19 +92,28 @@ class Ledger:
     def experiment(self, experiment_id: int | None) -> m.Experiment | None:
         return next((e for e in self.experiments if e.id == experiment_id), None)
 
+    def number(self, experiment_id: int | None) -> int | None:
+        """The session's number of the experiment with this ledger id (what a user and a model call it)."""
+        e = self.experiment(experiment_id)
+        return e.number if e is not None else None
+
     def ok_levels(self, e: m.Experiment) -> dict[int, m.BenchLevel]:
         """Levels that completed requests without failures."""
         return {c: lv for c, lv in self.levels.get(e.id or 0, {}).items() if lv.holds}
 
     def figure(self, e: m.Experiment) -> tuple[float, int, int] | None:
         """The one number every view gives for an experiment: (output tok/s, concurrency, runs), the mean of its
-        runs at the level where that mean is highest (levels with failed requests left out). None when nothing
-        completed, or when the engine did not model the change (its numbers say nothing of it)."""
+        runs at the level it is judged at, as the method judges it: the highest level both it and the experiment it
+        changed completed (its own highest for a baseline or a run with no base), levels with failed requests or
+        refused as measurements left out. None when nothing completed, or when the engine did not model the change
+        (its numbers say nothing of it)."""
         ok = self.ok_levels(e)
         if not ok or e.verdict == "not_measured":
             return None
-        c, level = max(ok.items(), key=lambda kv: (kv[1].output_throughput, kv[0]))
-        return level.output_throughput, c, self.runs.get(e.id or 0, 0)
+        base = None if e.kind == "baseline" or e.verdict == "baseline" else self.base_of(e)
+        shared = sorted(set(ok) & set(self.ok_levels(base))) if base is not None else []
+        c = shared[-1] if shared else max(ok)
+        return ok[c].output_throughput, c, self.runs.get(e.id or 0, 0)
 
     def figure_text(self, e: m.Experiment) -> str:
         """`figure` in words: "2,046 @2048 (2 runs)" (the mean of 2 runs), "" when there is none."""
@@ -113,6 +122,13 @@ class Ledger:
             return ""
         tok_s, c, runs = found
         return f"{tok_s:,.0f} @{c} ({runs} run{'s' if runs != 1 else ''})"
+
+    def best(self) -> m.Experiment | None:
+        """The best configuration now on the plan's workload, as the method reads it: the last adopted change, else
+        the baseline."""
+        key = self.workload_key()
+        adopted = [e for e in self.experiments if e.verdict == "adopted" and e.workload.workload_key() == key]
+        return adopted[-1] if adopted else self.baseline()
 
     def base_of(self, e: m.Experiment) -> m.Experiment | None:
         return self.experiment(e.base_experiment_id)
