@@ -291,7 +291,7 @@ def import_cmd(
     what = " (the session's baseline)" if result.baseline else ""
     out.print(
         f"imported {len(result.levels)} runs (concurrency {', '.join(map(str, result.levels))}) as experiment "
-        f"#{store.get_experiment(result.experiment_id).number}{what} into session {result.session_id}; "
+        f"#{store.get_experiment(result.experiment_id).number} {label!r}{what} into session {result.session_id}; "
         f"{len(result.skipped)} line{'s' if len(result.skipped) != 1 else ''} skipped. "
         f"Next: pivot summary {result.session_id}"
     )

@@ -90,7 +90,11 @@ def _change_of(session: m.Session, experiments: list[m.Experiment]) -> Callable[
 
     def change(e: m.Experiment) -> str:
         base = by_id[e.base_experiment_id].config if e.base_experiment_id in by_id else base_config
-        return str(e.config.diff(base))
+        if e.kind != "imported":
+            return str(e.config.diff(base))
+        # the label given at import, so the user finds the run they named; then its flags (against its base if any)
+        flags = str(e.config.diff(base)) if e.base_experiment_id in by_id else " ".join(e.config.argv())
+        return f"imported {e.title!r}: {flags or '(flags not given)'}" if e.title else f"imported: {flags}"
 
     return change
 

@@ -149,30 +149,32 @@ class BenchLevel(BaseModel):
     input_throughput: float
     output_throughput: float
     total_throughput: float
+    # the means are what pivot compares; the other statistics (median, std, p90, p95, p99) are kept when a file has
+    # them (bench_serving 0.5 writes all of them; older versions and other clients fewer)
     mean_e2e_latency_ms: float
-    median_e2e_latency_ms: float
-    std_e2e_latency_ms: float
-    p90_e2e_latency_ms: float
-    p95_e2e_latency_ms: float
-    p99_e2e_latency_ms: float
+    median_e2e_latency_ms: float | None = None
+    std_e2e_latency_ms: float | None = None
+    p90_e2e_latency_ms: float | None = None
+    p95_e2e_latency_ms: float | None = None
+    p99_e2e_latency_ms: float | None = None
     mean_ttft_ms: float
-    median_ttft_ms: float
-    std_ttft_ms: float
-    p90_ttft_ms: float
-    p95_ttft_ms: float
-    p99_ttft_ms: float
+    median_ttft_ms: float | None = None
+    std_ttft_ms: float | None = None
+    p90_ttft_ms: float | None = None
+    p95_ttft_ms: float | None = None
+    p99_ttft_ms: float | None = None
     mean_tpot_ms: float
-    median_tpot_ms: float
-    std_tpot_ms: float
-    p90_tpot_ms: float
-    p95_tpot_ms: float
-    p99_tpot_ms: float
+    median_tpot_ms: float | None = None
+    std_tpot_ms: float | None = None
+    p90_tpot_ms: float | None = None
+    p95_tpot_ms: float | None = None
+    p99_tpot_ms: float | None = None
     mean_itl_ms: float
-    median_itl_ms: float
-    std_itl_ms: float
-    p90_itl_ms: float
-    p95_itl_ms: float
-    p99_itl_ms: float
+    median_itl_ms: float | None = None
+    std_itl_ms: float | None = None
+    p90_itl_ms: float | None = None
+    p95_itl_ms: float | None = None
+    p99_itl_ms: float | None = None
     concurrency: float = Field(description="Little's law: sum of e2e latencies / duration.")
     accept_length: float | None = None
     max_output_tokens_per_s: float = Field(description="Peak output tok/s in any 1-second bucket.")

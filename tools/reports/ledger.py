@@ -142,10 +142,12 @@ class Ledger:
     def change_text(self, e: m.Experiment) -> str:
         """What the experiment changed, in SGLang's spelling: against its base, else the plan's base flags."""
         base = self.base_of(e)
+        if e.kind == "imported":  # the label the user gave it, then what it ran with
+            flags = config_text(e.config) if base is None else str(e.config.diff(base.config))
+            label = f"imported {e.title!r}" if e.title else "imported"
+            return f"{label}: {flags or '(flags not given)'}"
         if e.kind == "baseline" or e.verdict == "baseline":
             return "base flags: " + config_text(e.config)
-        if base is None and e.kind == "imported":
-            return config_text(e.config) or "(flags not given)"
         diff = e.config.diff(base.config if base else self.plan.target.base_config())
         return str(diff)
 
