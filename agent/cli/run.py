@@ -19,7 +19,7 @@ from agent.cli.mcp_options import check_investigator, mcp_options, settings_upda
 from agent.cli.options import NOISE, SEED, field_number
 from agent.console import err, out, print_json, warn
 from agent.defaults import default_model, session_settings, setting
-from agent.errors import PivotError
+from agent.errors import Interrupted, PivotError
 from agent.plans import load_plan
 from agent.session import Session
 from agent.text import printable
@@ -97,7 +97,7 @@ def _start(
     _record_profiles(session)
     with session:
         _install_signals()
-        outcome = loop.run(session)
+        outcome = _run_loop(session)
     _report(session, outcome, method["as_json"])
 
 
@@ -113,6 +113,19 @@ def _record_profiles(session: Session) -> None:
         return
     if profiles.generated:
         err.print("profiles: " + "; ".join(profiles.notes), highlight=False)
+
+
+def _run_loop(session: Session, answer: str | None = None) -> Any:
+    """The agent loop on `session`; Ctrl-C is one line with the command that goes on where it stopped."""
+    from agent import loop
+
+    try:
+        return loop.run(session, answer=answer)
+    except KeyboardInterrupt:
+        raise Interrupted(
+            f"interrupted: session {session.id} stopped; everything it recorded is kept (the step cut short is redone)",
+            hint=f"pivot resume {session.id} goes on where it stopped",
+        ) from None
 
 
 def check_plan(plan: m.Plan, engine: str, settings: m.SessionSettings) -> None:
@@ -577,5 +590,5 @@ def resume(
         _preflight(session.record.engine, session.plan)
         _resume_executor(session, ray, parallel, ray_gpus)
         _install_signals()
-        outcome = loop.run(session, answer=answer)
+        outcome = _run_loop(session, answer=answer)
     _report(session, outcome, as_json)
