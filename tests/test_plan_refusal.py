@@ -109,3 +109,16 @@ def test_a_fraction_outside_0_1_is_an_error_in_an_item_and_stops_a_run_in_the_ba
     base = _plan(tmp_path, 'flags = "--tp-size 1"', f'flags = "--tp-size 1 --mem-fraction-static {value}"')
     result = CliRunner().invoke(cli, ["run", str(base)], catch_exceptions=False)
     assert result.exit_code == 1 and "lies in (0, 1]" in result.stderr and _sessions(pivot_home) == []
+
+
+def test_ray_local_with_a_simulated_engine_offers_the_plans_gpus():
+    """Before: 0 GPUs unless --ray-gpus was given, and the baseline was "unschedulable" on a host without GPUs."""
+    from agent.defaults import session_settings
+
+    target = load_plan("glm5-nvfp4-rtxpro6000x8").target  # 8 GPUs
+    method = {"ray": "local", "parallel": 2, "ray_gpus": None}
+    assert session_settings(target, "sim", {}, None, method).ray_gpus == 16
+    assert session_settings(target, "sim-http", {}, None, {**method, "parallel": 1}).ray_gpus == 8
+    assert session_settings(target, "sim", {}, None, {**method, "ray_gpus": 4}).ray_gpus == 4  # as given
+    assert session_settings(target, "sglang", {}, None, method).ray_gpus is None  # real GPUs: Ray detects them
+    assert session_settings(target, "sim", {}, None, {**method, "ray": "auto"}).ray_gpus is None  # a cluster's own

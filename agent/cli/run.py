@@ -18,7 +18,7 @@ from agent.cli.engines import ENGINE, _engine_options
 from agent.cli.mcp_options import check_investigator, mcp_options, settings_update, with_mcp_options
 from agent.cli.options import NOISE, SEED, field_number
 from agent.console import err, out, print_json, warn
-from agent.defaults import default_model, session_settings, setting
+from agent.defaults import SIMULATED, default_model, session_settings, setting, simulated_gpus
 from agent.errors import Interrupted, PivotError
 from agent.plans import load_plan
 from agent.session import Session
@@ -267,8 +267,8 @@ def _executor_options(resume: bool = False) -> list[Any]:
             "--ray-gpus",
             type=field_number(m.SessionSettings, "ray_gpus", max=1024),
             default=None,
-            help="With --ray local: the GPUs the local instance offers (default: those Ray detects)"
-            + ("; default: the session's." if resume else "."),
+            help="With --ray local: the GPUs the local instance offers (default: those Ray detects; a simulated engine's "
+            "are the plan's GPUs x --parallel)" + ("; default: the session's." if resume else "."),
         ),
     ]
 
@@ -506,6 +506,9 @@ def _resume_executor(session: Session, ray: str | None, parallel: int | None, ra
         update["ray_gpus"] = ray_gpus
     elif ray is not None and update["executor"] != "local":
         update["ray_gpus"] = None
+    elif ray is not None and session.record.engine in SIMULATED:  # the twin's GPUs are the plan's
+        gpus = int(settings.engine_options.get("gpus") or session.target.gpus)
+        update["ray_gpus"] = simulated_gpus(gpus, update.get("parallel") or settings.parallel)
     if update:
         settings = settings.model_copy(update=update)
     session.executor = _open_executor(settings)
