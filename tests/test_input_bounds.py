@@ -131,3 +131,48 @@ def test_a_model_base_url_is_checked_before_it_is_stored(url):
 
 def test_a_good_model_base_url_passes():
     assert check_model_base_url(" http://[::1]:8000/v1 ") == "http://[::1]:8000/v1"
+
+
+def test_the_warmup_hint_names_vocab_size_for_token_ids():
+    from tools.loadgen.level import warmup_hint
+
+    hint = warmup_hint("generate", "random-ids", "HTTP 400: token id 40000 out of vocabulary", 151_936)
+    assert hint.startswith("check --vocab-size (the random token ids are drawn below 151,936") and "--endpoint" in hint
+    assert "--vocab-size" in warmup_hint("completions", "random-ids", "HTTP 500", 32_000)
+    assert "--vocab-size" not in warmup_hint("chat", "random-ids", "HTTP 400", 32_000)  # chat sends text
+
+
+def test_pivot_benchs_warmup_error_names_vocab_size(tmp_path):
+    """A server that refuses every token id at or above its vocabulary: the hint says what to change."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Refusing(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self.send_response(404)
+            self.end_headers()
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = b'{"error": "token id 31999 out of vocabulary (vocab_size 1000)"}'
+            self.send_response(400)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        result = CliRunner().invoke(cli, ["bench", "--base-url", url, "--concurrency", "1", "--num-prompts", "1",
+                                          "--input-len", "4", "--output-len", "2"], catch_exceptions=False)  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.exit_code == 1 and "warmup failed" in result.stderr, result.output
+    hint = next(line for line in result.stderr.splitlines() if line.startswith("hint:"))
+    assert "--vocab-size" in hint and "out of vocabulary" in result.stderr

@@ -263,7 +263,9 @@ BENCH_OPTIONS: list[Callable[[Any], Any]] = [
         type=Number(int, min=2, max=2**31 - 1),
         default=32000,
         show_default=True,
-        help="Random token ids stay below this; the model's vocabulary size gives bench_serving's exact prompts.",
+        help="Random token ids (generate, completions) are drawn below this: give the model's vocabulary size "
+        "(`vocab_size` in its config.json) for bench_serving's exact prompts, and so that no id is one the model does "
+        "not know (a server answering 'token id out of vocabulary' needs it).",
     ),
     click.option(
         "--output-file",
