@@ -213,6 +213,10 @@ def provider_model(name: str, base_url: str | None) -> Model:
         from agent.script_model import ScriptModel
 
         return ScriptModel(name).model
+    from agent.model_limits import GuardedModel, capped_client
+
+    timeout_s = model_timeout_s()
+    deadline_s = timeout_s * (model_retries() + 1) + 60.0  # every attempt at its deadline, and the backoff between
     try:
         if base_url:
             from openai import AsyncOpenAI
@@ -226,13 +230,14 @@ def provider_model(name: str, base_url: str | None) -> Model:
                 base_url=base_url,
                 api_key=key.get_secret_value() if key is not None else "api-key-not-set",
                 max_retries=given.model_retries,  # connection errors, timeouts, 408, 409, 429 and 5xx, with backoff
-                timeout=given.model_timeout_s,
+                timeout=timeout_s,
+                http_client=capped_client(timeout_s),  # the timeout is a total deadline, the answer's size capped
             )
             provider = OpenAICompatibleProvider("pivot-model", openai_client=client)
-            return OpenAIChatModel(model_name, provider=provider)
+            return GuardedModel(OpenAIChatModel(model_name, provider=provider), deadline_s)
         from pydantic_ai.models import infer_model
 
-        return infer_model(name)
+        return GuardedModel(infer_model(name), deadline_s)
     except UserError as e:
         raise PivotError(
             f"cannot use model {name!r}: {e}",
@@ -244,6 +249,11 @@ def provider_model(name: str, base_url: str | None) -> Model:
 def model_retries() -> int:
     """The OpenAI-compatible client's retries (with backoff) before a failure is reported ($PIVOT_MODEL_RETRIES)."""
     return settings().model_retries
+
+
+def model_timeout_s() -> float:
+    """The deadline of one attempt at a model request, in all, not per read ($PIVOT_MODEL_TIMEOUT_S)."""
+    return settings().model_timeout_s
 
 
 def model_failure(e: Exception, session: Session) -> tuple[str, str]:
@@ -296,7 +306,10 @@ def load_history(session: Session) -> list[ModelMessage]:
 
 
 def _dump(message: ModelMessage) -> str:
-    return ModelMessagesTypeAdapter.dump_json([message]).decode()[1:-1]
+    """A message as the ledger keeps it: each part within agent/context.py's MAX_PART_CHARS."""
+    from agent.context import cap_message
+
+    return ModelMessagesTypeAdapter.dump_json([cap_message(message)]).decode()[1:-1]
 
 
 def unanswered(history: list[ModelMessage]) -> list[ToolCallPart]:

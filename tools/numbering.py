@@ -10,6 +10,7 @@ summary, names the same experiment to the user, the model and the ledger.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from agent.session import Session
 from agent.store import Store
 
 ID_KEYS = ("experiment_id", "base_experiment_id", "best_experiment_id")
+MAX_TOOL_ARGS_CHARS = 64 * 1024  # the largest arguments a tool call may bring (a summary's question and options fit)
 LIST_KEYS = ("experiment_ids",)
 
 
@@ -98,11 +100,17 @@ def number_of(session: Session, experiment_id: int | None) -> int | str:
 @dataclass
 class NumberedToolset(WrapperToolset[Session]):
     """Wraps a toolset (outside the method's guard): the model's experiment numbers in, the ledger's ids to the tools;
-    the tools' ids out, numbers to the model."""
+    the tools' ids out, numbers to the model; and a call whose arguments pass MAX_TOOL_ARGS_CHARS refused."""
 
     async def call_tool(
         self, name: str, tool_args: dict[str, Any], ctx: RunContext[Session], tool: ToolsetTool[Session]
     ) -> Any:
+        size = len(json.dumps(tool_args, default=str))
+        if size > MAX_TOOL_ARGS_CHARS:  # no tool takes megabytes: refused before anything (the guard, the tool) runs
+            raise ModelRetry(
+                f"the arguments of this {name} call are {size:,} characters; a call's arguments are at most "
+                f"{MAX_TOOL_ARGS_CHARS:,}: send the call again with short arguments"
+            )
         numbering = Numbering(ctx.deps.store, ctx.deps.id)
         result = await super().call_tool(name, numbering.to_ids(tool_args), ctx, tool)
         return Numbering(ctx.deps.store, ctx.deps.id).to_numbers(result)  # the call may have added experiments
