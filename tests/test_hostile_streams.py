@@ -102,3 +102,28 @@ def test_a_line_without_a_newline_is_bounded_and_read_in_linear_time():
     ok.feed(b'data: {"text": "a", "meta_info": {"comp', 0.0)
     ok.feed(b'letion_tokens": 1}}\n\ndata: [DONE]\n\n', 1.0)
     assert ok.done and ok.output_len == 1 and list(ok.tokens) == [1]
+
+
+def test_what_a_launched_process_inherits_is_decided_by_a_rule_not_a_list(monkeypatch):
+    from tools.engines.process import passed_on, scrubbed_environ, server_environ
+
+    stripped = ["MOONSHOTAI_API_KEY", "HEROKU_INFERENCE_KEY", "OLLAMA_API_KEY", "GITHUB_API_KEY", "GITHUB_TOKEN",
+                "VERCEL_AI_GATEWAY_API_KEY", "PYDANTIC_AI_GATEWAY_API_KEY", "DASHSCOPE_API_KEY", "ALIBABA_API_KEY",
+                "NEBIUS_API_KEY", "OVHCLOUD_API_KEY", "SAMBANOVA_API_KEY", "AWS_SECRET_ACCESS_KEY",
+                "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "SOME_NEW_PROVIDER_API_KEY", "DB_PASSWORD",
+                "GOOGLE_APPLICATION_CREDENTIALS", "PIVOT_MODEL_API_KEY", "API_KEY"]  # fmt: skip
+    kept = ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "PATH", "CUDA_VISIBLE_DEVICES", "TOKENIZERS_PARALLELISM",
+            "PIVOT_HOME", "RAY_AUTH_TOKEN_PATH"]  # fmt: skip
+    for name in stripped + kept:
+        monkeypatch.setenv(name, "value-0123456789")
+    env = server_environ()
+    assert [n for n in stripped if n in env] == [] and all(n in env for n in kept)
+    assert all(not passed_on(n) for n in stripped)
+    with scrubbed_environ(keep=("RAY_AUTH_TOKEN",)):
+        import os
+
+        assert "OPENAI_API_KEY" not in os.environ or not passed_on("OPENAI_API_KEY")
+        assert "MOONSHOTAI_API_KEY" not in os.environ and "HF_TOKEN" in os.environ
+    import os
+
+    assert os.environ["MOONSHOTAI_API_KEY"] == "value-0123456789"  # put back

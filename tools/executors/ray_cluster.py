@@ -47,6 +47,7 @@ from urllib.parse import urlsplit
 from agent import models as m
 from agent.contracts import EventCallback, ExperimentTask, TaskEvent, TaskOutcome
 from agent.errors import PivotError
+from tools.engines.process import scrubbed_environ
 from tools.executors.ray_task import Lease, Placed, placed_event, task_body
 
 CANCEL_WAIT_S = 20.0  # after ray.cancel, how long the driver waits for the tasks to stop their servers
@@ -133,10 +134,12 @@ class RayExecutor:
             self._private_token()
             self._watch_local_instance()
             try:
-                ray.init(  # "local": a new instance even where RAY_ADDRESS names a cluster
-                    address="local", num_gpus=num_gpus, include_dashboard=False, log_to_driver=False,
-                    configure_logging=False,
-                )  # fmt: skip
+                # Ray's processes (and the servers its workers launch) inherit no key but Ray's own
+                with scrubbed_environ(keep=AUTH_VARS):
+                    ray.init(  # "local": a new instance even where RAY_ADDRESS names a cluster
+                        address="local", num_gpus=num_gpus, include_dashboard=False, log_to_driver=False,
+                        configure_logging=False,
+                    )  # fmt: skip
             except Exception as err:
                 self._restore_env()
                 raise PivotError(f"cannot start a local Ray instance: {err}", hint="see `ray status`") from err
@@ -169,7 +172,10 @@ class RayExecutor:
         os.environ[keeper.LOCAL_RAY_VAR] = mark
         self._local_dir = tempfile.mkdtemp(prefix="pivot-ray-local-")
         self._pids_file = str(Path(self._local_dir) / "pids")
-        self._local_keeper = keeper.spawn(os.getpid(), mark, var=keeper.LOCAL_RAY_VAR, pids_file=self._pids_file)
+        folders = [self._local_dir, *([self._token_dir] if self._token_dir else [])]
+        self._local_keeper = keeper.spawn(
+            os.getpid(), mark, var=keeper.LOCAL_RAY_VAR, pids_file=self._pids_file, remove=folders
+        )
         self._local_mark = mark
 
     def _list_local_instance(self) -> None:
