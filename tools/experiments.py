@@ -14,6 +14,7 @@ from pydantic_ai import ModelRetry
 from agent import models as m
 from agent.errors import PivotError
 from agent.session import Session
+from tools.engines.failures import PIVOT_FAILURE
 from tools.method.reading import Method
 
 REFUSAL_CLASS = {
@@ -248,7 +249,17 @@ def refusal(issues: list[m.FlagIssue]) -> tuple[str, str] | None:
 
 
 def record_failed(session: Session, e: m.Experiment, failure: str, message: str) -> None:
-    """Record that the experiment's server did not start: its class, and the words that say why."""
+    """Record that the experiment's server did not start: its class, and the words that say why. A failure of
+    pivot's own (its twin's command line refused a value) is not the engine's: the experiment is recorded
+    interrupted, with what happened, and the run stops with that line (PivotError), so nothing is judged on it."""
+    if failure == PIVOT_FAILURE:
+        session.store.update_experiment(
+            e.model_copy(update={"status": "interrupted", "failure_detail": f"pivot's own error: {message}"[:500]})
+        )
+        raise PivotError(
+            f"experiment {e.number} did not start because of an error of pivot's own, not the engine's: {message}",
+            hint=f"it is recorded interrupted, not crashed; fix what the line says, then `pivot resume {session.id}`",
+        )
     session.store.update_experiment(
         e.model_copy(
             update={"status": "failed", "failure": failure, "failure_detail": message[:500], "finished_at": m.utcnow()}

@@ -48,7 +48,7 @@ from agent import models as m
 from agent.contracts import EventCallback, ExperimentTask, TaskEvent, TaskOutcome
 from agent.errors import PivotError
 from tools.engines.process import scrubbed_environ
-from tools.executors.ray_task import Lease, Placed, placed_event, task_body
+from tools.executors.ray_task import DriverGone, Lease, Placed, placed_event, task_body
 
 CANCEL_WAIT_S = 20.0  # after ray.cancel, how long the driver waits for the tasks to stop their servers
 CONNECT_CHECK_S = 5.0  # a cluster address that accepts no TCP connection in this time is refused at once
@@ -372,6 +372,8 @@ class RayExecutor:
         cause = getattr(err, "cause", None)
         if isinstance(err, rx.TaskCancelledError) or isinstance(cause, (KeyboardInterrupt, rx.TaskCancelledError)):
             return self._ended(entry, "interrupted", f"cancelled{where}")
+        if isinstance(cause, DriverGone):  # the executor's own lease actor is gone: Ray's failure, not the engine's
+            return self._ended(entry, "lost", f"the executor's lease actor is gone{where}: {cause}")
         if isinstance(err, rx.RayTaskError) and not isinstance(cause, rx.RayError):
             shown = f"{type(cause).__name__}: {cause}" if cause is not None else _first_line(err)
             failure = "engine-not-installed" if isinstance(cause, ImportError) else "unknown"
