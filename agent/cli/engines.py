@@ -120,7 +120,7 @@ def _open_session(ctx: click.Context, session_ref: str | None, plan_ref: str | N
         from tools.preflight import check_runnable
 
         plan = load_plan(plan_ref or settings().demo_plan)
-        check_runnable(plan)  # a target with an error is refused before a session exists
+        check_runnable(plan, engine=engine_name)  # a target with an error is refused before a session exists
         session = Session.create(
             home.store, home.paths, plan, name=f"{ctx.info_name} {engine_name}", engine_name=engine_name
         )

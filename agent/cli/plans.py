@@ -43,9 +43,9 @@ def plan_check(plan_ref: str, option_pairs: tuple[str, ...], as_json: bool) -> N
     problems = preflight(p, _engine_options(option_pairs, None, None))
     errors = [x for x in problems if x.severity == "error"]
     warnings = [x for x in problems if x.severity == "warning"]
-    blocking = [x for x in errors if blocks_run(x)]
+    blocking = [x for x in errors if blocks_run(x, p)]
     if as_json:
-        print_json({**dump(p), "problems": [{**x.model_dump(), "blocks_run": blocks_run(x)} for x in problems]})
+        print_json({**dump(p), "problems": [{**x.model_dump(), "blocks_run": blocks_run(x, p)} for x in problems]})
         if errors:
             raise SystemExit(1)
         return

@@ -134,9 +134,9 @@ def check_plan(plan: m.Plan, engine: str, settings: m.SessionSettings) -> None:
     from tools.preflight import check_runnable, item_errors_note
 
     options = settings.engine_options if engine == plan.target.engine else {}  # the audit's engine is the plan's
-    note = item_errors_note(plan, check_runnable(plan, options))
-    if note:
-        warn(note)
+    note = item_errors_note(plan, check_runnable(plan, options, engine))
+    if note:  # said, not warned: the campaign handles them (the seeds' plan has two, on purpose)
+        err.print(note, highlight=False, soft_wrap=True)
 
 
 def _check_engine(engine: str, settings: m.SessionSettings) -> None:

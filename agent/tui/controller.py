@@ -134,7 +134,7 @@ class ChatController:
 
         self._require_none()
         plan = load_plan(defaults.demo()[0] if demo else plan_ref)
-        problems = check_runnable(plan)  # an error of the target: refused before a session exists
+        problems = check_runnable(plan, engine=defaults.default_engine())  # an error of the target: refused first
         settings = run_settings(plan, demo=demo)
         model_name = defaults.default_model(model)
         self.session = Session.create(
@@ -150,7 +150,7 @@ class ChatController:
         )
         note = item_errors_note(plan, problems)
         if note:
-            self._say("warning", note)
+            self._say("info", note)
         return self.session
 
     def _require_none(self) -> None:
