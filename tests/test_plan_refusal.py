@@ -30,7 +30,6 @@ BAD_TARGETS = {
     "hardware": ('hardware = "h200"', 'hardware = "h20"', "no hardware profile 'h20'"),
     "base-flag": ('flags = "', 'flags = "--no-such-flag ', "--no-such-flag"),
     "model-profile": ('model_profile = "llama-3.3-70b-fp8"', 'model_profile = "nope.toml"', "nope.toml"),
-    "engine-version": ('engine_version = "0.5.23"', 'engine_version = "0.0.1"', "0.0.1"),
 }
 
 

@@ -66,7 +66,7 @@ def _start(
         plan = plan.model_copy(update={"workload": workload})
     if objective:
         plan = plan.with_objective(objective_of(plan.objective, **objective))
-    check_plan(plan, engine, settings)
+    note = check_plan(plan, engine, settings)
     _preflight(engine, plan)
     _check_engine(engine, settings)
     model_name = default_model(method["model"])
@@ -94,6 +94,8 @@ def _start(
         raise
     session.executor = executor
     err.print(f"session {session.id}: plan {plan.name}, engine {engine}, model {model_name}", highlight=False)
+    if note:  # said, not warned: the campaign handles them (the seeds' plan has two, on purpose)
+        err.print(note, highlight=False, soft_wrap=True)
     _record_profiles(session)
     with session:
         _install_signals()
@@ -128,15 +130,13 @@ def _run_loop(session: Session, answer: str | None = None) -> Any:
         ) from None
 
 
-def check_plan(plan: m.Plan, engine: str, settings: m.SessionSettings) -> None:
-    """Refuse a plan whose target has an error before a session exists; warn of the item errors the campaign
-    handles (an item the engine refuses is ruled out before any launch)."""
+def check_plan(plan: m.Plan, engine: str, settings: m.SessionSettings) -> str | None:
+    """Refuse a plan whose target has an error before a session exists; the line on the item errors the campaign
+    handles (an item the engine refuses is ruled out before any launch), said once the session exists."""
     from tools.preflight import check_runnable, item_errors_note
 
     options = settings.engine_options if engine == plan.target.engine else {}  # the audit's engine is the plan's
-    note = item_errors_note(plan, check_runnable(plan, options, engine))
-    if note:  # said, not warned: the campaign handles them (the seeds' plan has two, on purpose)
-        err.print(note, highlight=False, soft_wrap=True)
+    return item_errors_note(plan, check_runnable(plan, options, engine))
 
 
 def _check_engine(engine: str, settings: m.SessionSettings) -> None:
