@@ -64,15 +64,15 @@ class Autopilot(Steps):
         refused = _refusals(messages)
         if refused:
             raise AutopilotRefused(f"the method refused the autopilot's call: {refused[0][:400]}")
-        last = _last_returns(messages)
+        last = _last_returns(messages)  # as the model sent and read them: the session's experiment numbers
         call = self.next_call(last)
-        prev = last.get("record_verdict")
-        if call.tool == "record_verdict" and prev is not None and prev[0] == call.args and isinstance(prev[1], dict):
-            raise AutopilotRefused(f"the same verdict twice in a row changed nothing: {call.args}")
         if call.tool is None:
             return ModelResponse(parts=[TextPart(call.text)])
         # the policy reads the ledger's ids; a model speaks the session's experiment numbers (tools/numbering.py)
         call = Call(call.tool, Numbering(self.session.store, self.session.id).to_numbers(call.args), call.text)
+        prev = last.get("record_verdict")
+        if call.tool == "record_verdict" and prev is not None and prev[0] == call.args and isinstance(prev[1], dict):
+            raise AutopilotRefused(f"the same verdict twice in a row changed nothing: {call.args}")
         tool_call_id = (
             "ap-"
             + hashlib.sha256(

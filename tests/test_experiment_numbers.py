@@ -32,7 +32,7 @@ def test_a_second_session_numbers_its_experiments_from_1_and_the_model_speaks_nu
     assert (a.id, a.number) == (1, 1) and (b.id, b.number) == (2, 1)
     # the script's `launch_server experiment_id=1` reran the second session's own baseline, not the first's
     assert len(second.store.bench_results(b.id)) == 2 and len(first.store.bench_results(a.id)) == 2
-    assert b.verdict == "baseline"
+    assert b.verdict is None  # a third run is due (the noise band): the guard's test below reads that move
     # what the model was told names the session's number
     with Session.open(second.store, second.paths, second.sid) as s:
         history = loop.load_history(s)
@@ -110,3 +110,46 @@ def test_pivot_show_and_the_tui_give_each_experiment_at_its_judged_level(store, 
     assert [(r.id, r.best) for r in rows] == [("1", "500 @64 (1 run)"), ("2", "572 @64 (1 run)")]
     shown = CliRunner().invoke(cli, ["show", "judged"], catch_exceptions=False)
     assert "572 @64" in shown.stdout and "603" not in shown.stdout
+
+
+def test_what_the_guard_tells_the_model_names_the_sessions_numbers(tmp_path):
+    """The moves' lines, the tool schema's allowed values and the guard's refusals speak the numbers the model gives
+    (the guard reads ledger ids: tools/numbering.py turns the model's numbers into them first)."""
+    from pydantic_ai.tools import ToolDefinition
+
+    from tools.method import guard
+    from tools.method.moves import Moves
+
+    _, second = _two_sessions(tmp_path)  # its baseline: ledger id 2, number 1, waiting for a third run
+    with Session.open(second.store, second.paths, second.sid) as s:
+        mv = Moves.of(s)
+        assert set(mv.reruns) == {2}
+        assert "launch_server experiment_id=1 (" in " ".join(mv.allowed_text())
+        assert "experiment_id=2" not in " ".join(mv.allowed_text())
+        assert "rerun experiment 1 (launch_server experiment_id=1" in mv.why
+        schema = {"type": "object", "properties": {"experiment_id": {"type": "integer"}}}
+        shown = guard._restrict(ToolDefinition(name="launch_server", parameters_json_schema=schema), mv, False)
+        assert shown.parameters_json_schema["properties"]["experiment_id"]["enum"] == [1]
+        why = guard.refusal(s, "record_verdict", {"experiment_id": 2, "verdict": "baseline"})
+        assert why is not None and "experiment 1 " in why and "experiment 2" not in why, why
+
+
+def test_the_autopilot_in_a_second_session_of_a_home_is_never_refused(tmp_path):
+    """The demo's autopilot in a home whose ledger ids run on from another session: what it sends (numbers) is what
+    the tools read, so it reaches its pivot with its baseline rerun and every verdict recorded."""
+    from agent.plans import load_plan
+    from tests.test_agent import new_session
+
+    first = _new(tmp_path)
+    first.run(DOCS + BASELINE)
+    with new_session(first.store, first.paths, load_plan("glm5-nvfp4-rtxpro6000x8")) as s:
+        sid = s.id
+    with Session.open(first.store, first.paths, sid) as s:
+        outcome = loop.run(s)
+    assert outcome.status == "pivot", outcome.message
+    exps = first.store.experiments(sid)
+    assert exps[0].id == 2 and [e.number for e in exps] == list(range(1, len(exps) + 1))
+    assert len(first.store.bench_results(exps[0].id)) >= 2 and all(e.verdict is not None for e in exps)
+    pivot = first.store.open_pivot(sid)
+    assert pivot is not None and pivot.question
+    assert "AutopilotRefused" not in outcome.message

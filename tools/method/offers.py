@@ -91,7 +91,7 @@ def retry_offer(method: Method, crashed: m.Experiment) -> tuple[str, str] | None
         pred = ""
     head = f"retry {item.id} {item.title} with {flag}"
     return head, (
-        f"{head} (capped at concurrency {cap}, the last level that held in experiment {crashed.id}): 1 launch, 2 if it "
+        f"{head} (capped at concurrency {cap}, the last level that held in experiment {crashed.number}): 1 launch, 2 if it "
         f"gains{pred}"
     )
 

@@ -22,7 +22,7 @@ def item_status(ledger: Ledger, item: m.PlanItem) -> tuple[str, list[m.Experimen
     back = ledger.taken_back(item.id)
     if back is not None and last.verdict == "adopted" and (back.id or 0) > (last.id or 0):
         why = back.revert_why or "a later change made it a brake"
-        return f"adopted, then taken back (experiment #{back.id}: {why})", exps
+        return f"adopted, then taken back (experiment #{back.number}: {why})", exps
     together = f" (together with {', '.join(i for i in last.plan_items if i != item.id)})" if last.combined else ""
     if last.verdict == "predicted":
         return "not launched: the twin predicts no gain", exps
@@ -202,7 +202,7 @@ def _result_section(ledger: Ledger, item: m.PlanItem, e: m.Experiment) -> list[s
     before = ledger.ok_levels(base) if base else {}
     levels = sorted(set(every) | set(before))
     if not levels:  # launched, but nothing measured yet (cut short, or still running)
-        return [*out, f"Experiment #{e.id} has no measured level yet ({e.status}).", ""]
+        return [*out, f"Experiment #{e.number} has no measured level yet ({e.status}).", ""]
     rows = []
     for c in levels:
         b, a = before.get(c), every.get(c)

@@ -342,7 +342,7 @@ def _revert_line(ledger: Ledger, e: m.Experiment) -> str:
         "adopted": f"dropped, {_signed(pct)}" if pct is not None else "dropped",
         None: "not judged yet",
     }.get(e.verdict, f"kept ({VERDICT_WORDS[e.verdict]}" + (f", {_signed(pct)})" if pct is not None else ")"))
-    return f"{why}: {result} (experiment #{e.id})"
+    return f"{why}: {result} (experiment #{e.number})"
 
 
 def _ruled_out(ledger: Ledger, tried: list[m.Experiment]) -> list[str]:
