@@ -42,6 +42,7 @@ from agent.steps import Call, Steps
 from tools import reports, search
 from tools.method import Method, Moves
 from tools.method.moves import profiled
+from tools.numbering import Numbering
 
 
 class AutopilotRefused(RuntimeError):
@@ -65,13 +66,15 @@ class Autopilot(Steps):
         refused = _refusals(messages)
         if refused:
             raise AutopilotRefused(f"the method refused the autopilot's call: {refused[0][:400]}")
-        last = _last_returns(messages)
+        last = _last_returns(messages)  # as the model sent and read them: the session's experiment numbers
         call = self.next_call(last)
+        if call.tool is None:
+            return ModelResponse(parts=[TextPart(call.text)])
+        # the policy reads the ledger's ids; a model speaks the session's experiment numbers (tools/numbering.py)
+        call = Call(call.tool, Numbering(self.session.store, self.session.id).to_numbers(call.args), call.text)
         prev = last.get("record_verdict")
         if call.tool == "record_verdict" and prev is not None and prev[0] == call.args and isinstance(prev[1], dict):
             raise AutopilotRefused(f"the same verdict twice in a row changed nothing: {call.args}")
-        if call.tool is None:
-            return ModelResponse(parts=[TextPart(call.text)])
         tool_call_id = (
             "ap-"
             + hashlib.sha256(
@@ -244,8 +247,8 @@ class Autopilot(Steps):
             }
             if shares:
                 parts = sorted(shares.items(), key=lambda kv: -kv[1])
-                return ", ".join(f"{k.replace('_', ' ')} {v:.0f}%" for k, v in parts) + f" (experiment {e.id})"
-        return f"recorded with experiment {e.id}"
+                return ", ".join(f"{k.replace('_', ' ')} {v:.0f}%" for k, v in parts) + f" (experiment {e.number})"
+        return f"recorded with experiment {e.number}"
 
     # ---- pivots and the end
 
@@ -277,7 +280,7 @@ class Autopilot(Steps):
 
     def finish(self, moves: Moves, ledger: reports.Ledger, last: dict[str, tuple[dict[str, Any], Any]]) -> Call:
         method = moves.method
-        q = "The campaign is finished. To go on, resume this session with an item to test again or a new direction."
+        q = reports.FINISHED_QUESTION
         latest = reports.latest_status_doc(ledger.documents)
         written = "write_status_summary" in last or (
             latest is not None
@@ -295,7 +298,7 @@ class Autopilot(Steps):
         j = method.judge(best) if best is not None else None
         line = (
             f"best {j.after_tok_s:,.0f} {method.objective.unit} at concurrency {j.concurrency} with experiment "
-            f"{best.id} ({best.config})"
+            f"{best.number} ({best.config})"
             if j is not None and j.after_tok_s is not None and best is not None
             else "no result"
         )

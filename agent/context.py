@@ -1,6 +1,7 @@
 """What a model is sent each step: the method and the session's state (the instructions), and the recent exchanges;
 older tool results become one-line digests and the oldest exchanges are left out. The ledger keeps every message
-whole (nothing is removed from it): this shapes only the request.
+(nothing is removed from it) with each part within MAX_PART_CHARS (`cap_message`: a 10 MB tool call is kept as a
+note of its size), and this shapes the request.
 
 It is a pydantic-ai capability (`before_model_request`) that replaces the request's messages, not the run's
 history, so the history persisted step by step stays whole. Tool calls and their results stay paired: the window
@@ -98,8 +99,45 @@ def _digest_message(message: ModelMessage) -> ModelMessage:
     return replace(message, parts=out, instructions=None)  # a provider sends only the current instructions
 
 
+MAX_PART_CHARS = 64 * 1024  # a tool call's arguments, a text, a tool result: kept and sent up to this size
+
+
+def _cut(text: str, limit: int = MAX_PART_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit] + f" [... {len(text) - limit:,} characters cut by pivot]"
+
+
+def cap_message(message: ModelMessage, limit: int = MAX_PART_CHARS) -> ModelMessage:
+    """`message` with every part larger than `limit` cut down (a tool call's arguments replaced by a note of their
+    size): what the ledger stores and a model is sent again, so a model that repeats a 10 MB call costs neither
+    gigabytes of ledger nor megabytes per request. A message within the limit is returned as it is."""
+    parts: list[Any] = []
+    changed = False
+    for p in message.parts:
+        new = p
+        if isinstance(p, ToolCallPart):
+            size = len(p.args) if isinstance(p.args, str) else len(json.dumps(p.args or {}, default=str))
+            if size > limit:
+                new = replace(p, args={"cut_by_pivot": f"the arguments of this call were {size:,} characters"})
+        elif isinstance(p, (TextPart, UserPromptPart)) and isinstance(p.content, str):
+            if len(p.content) > limit:
+                new = replace(p, content=_cut(p.content, limit))
+        elif isinstance(p, RetryPromptPart):  # a validation error echoes the input it refused
+            text = p.content if isinstance(p.content, str) else json.dumps(p.content, default=str)
+            if len(text) > limit:
+                new = replace(p, content=_cut(text, limit))
+        elif isinstance(p, ToolReturnPart):
+            text = p.content if isinstance(p.content, str) else json.dumps(_plain(p.content), default=str)
+            if len(text) > limit:
+                new = replace(p, content=_cut(text, limit))
+        changed = changed or new is not p
+        parts.append(new)
+    return replace(message, parts=parts) if changed else message
+
+
 def compact(messages: list[ModelMessage], *, recent: int = RECENT, window: int = WINDOW) -> list[ModelMessage]:
-    """The messages to send: at most `window`, the last `recent` whole, the others digested (see the docstring)."""
+    """The messages to send: at most `window`, the last `recent` whole (each part within MAX_PART_CHARS), the
+    others digested (see the docstring)."""
+    messages = [cap_message(x) for x in messages]
     if len(messages) <= recent:
         return messages
     start = max(0, len(messages) - window)

@@ -80,4 +80,12 @@ def session_settings(
         if any(key in k.lower() for k in opts):
             raise PivotError("engine options are stored in the ledger: pass secrets through the environment")
     given = {field: method[option] for option, field in METHOD_SETTINGS.items() if method.get(option) is not None}
+    if engine in SIMULATED and given.get("executor") == "local" and given.get("ray_gpus") is None:
+        given["ray_gpus"] = simulated_gpus(int(opts.get("gpus") or target.gpus), int(given.get("parallel") or 1))
     return m.SessionSettings(**given, engine_options=opts)
+
+
+def simulated_gpus(gpus: int, parallel: int) -> int:
+    """The GPUs a local Ray instance offers a simulated engine: its GPUs are the plan's (the twin simulates them),
+    enough for `parallel` experiments of the plan's size at once; Ray would detect none on a host without GPUs."""
+    return gpus * max(parallel, 1)

@@ -7,6 +7,20 @@ import re
 
 # Environment variables whose values are secrets: model and provider API keys, tokens, passwords.
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
+
+# The secrets a launched process never inherits, by their names: model and provider API keys (..._API_KEY,
+# HEROKU_INFERENCE_KEY: ..._KEY), tokens, secrets and passwords, credentials, and AWS's access keys.
+LAUNCH_SECRET_NAME = re.compile(
+    r"(_KEY|_TOKEN|PASSWORD|PASSWD|CREDENTIALS?|_KEY_ID)$|SECRET|ACCESS_KEY|^(API_KEY|TOKEN|KEY)$", re.IGNORECASE
+)
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether an environment variable's name says its value is a secret (LAUNCH_SECRET_NAME): what pivot never
+    passes on to a process it launches. Redaction (SECRET_NAME) is broader: it may as well hide too much."""
+    return LAUNCH_SECRET_NAME.search(name) is not None
+
+
 _BEARER = re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{6,}")
 _KEYLIKE = re.compile(r"\b(sk|pk|rk|key|api|tok)([-_])[A-Za-z0-9_\-]{8,}", re.IGNORECASE)
 
@@ -32,6 +46,10 @@ class PivotError(Exception):
 
     def __str__(self) -> str:
         return self.message if not self.hint else f"{self.message}\nhint: {self.hint}"
+
+
+class Interrupted(PivotError):
+    """The user stopped a command (Ctrl-C); the message says what was kept and the hint how to go on."""
 
 
 class LedgerError(PivotError):

@@ -20,9 +20,13 @@ from agent.errors import PivotError
 from agent.session import Paths
 from agent.store import Store
 
+# What pivot compares and analyses: a file without one of these cannot be used. total_throughput and concurrency
+# are derived when a file lacks them (from the token counts and the mean latency); the other latency statistics
+# (median, std, p90, p95, p99) are kept when a file has them (bench_serving 0.5 writes all; older versions fewer).
+DERIVED_KEYS = ("total_throughput", "concurrency")
 REQUIRED_KEYS = tuple(
-    name for name, f in m.BenchLevel.model_fields.items() if f.is_required()
-)  # duration, completed, the throughputs, the latency statistics, concurrency, max_output_tokens_per_s
+    name for name, f in m.BenchLevel.model_fields.items() if f.is_required() and name not in DERIVED_KEYS
+)  # duration, completed, the token counts, the throughputs, the mean latencies, max_output_tokens_per_s
 
 
 class ImportProblem(BaseModel):
@@ -68,9 +72,11 @@ def read_bench_serving(
             continue
         missing = [k for k in REQUIRED_KEYS if k not in data]
         if missing:
-            shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
-            skipped.append(ImportProblem(line=number, message=f"missing bench_serving keys: {shown}"))
+            skipped.append(
+                ImportProblem(line=number, message=f"missing the bench_serving keys pivot needs: {', '.join(missing)}")
+            )
             continue
+        data = _derived(data)
         if not isinstance(data.get("max_concurrency"), int) or data["max_concurrency"] < 1:
             skipped.append(
                 ImportProblem(
@@ -100,6 +106,21 @@ def read_bench_serving(
             )
         levels[c] = (number, level, line)
     return dict(sorted(levels.items())), skipped, replaced
+
+
+def _derived(data: dict) -> dict:
+    """`data` with total_throughput and concurrency computed when the file lacks them, as bench_serving defines them:
+    (input + output tokens) / duration, and Little's law (mean e2e latency x completed / duration)."""
+    out = dict(data)
+    try:
+        duration = float(out["duration"])
+        if "total_throughput" not in out and duration > 0:
+            out["total_throughput"] = (float(out["total_input_tokens"]) + float(out["total_output_tokens"])) / duration
+        if "concurrency" not in out and duration > 0:
+            out["concurrency"] = float(out["mean_e2e_latency_ms"]) / 1000 * float(out["completed"]) / duration
+    except (TypeError, ValueError):
+        pass  # the model's validation names the key that is not a number
+    return out
 
 
 def _finite_nonneg(value: float) -> bool:

@@ -26,6 +26,7 @@ from agent import models as m
 from agent.session import Session
 from tools import investigation
 from tools.method import Method
+from tools.numbering import NumberedToolset, number_of
 
 MAX_REQUESTS = 12  # model requests of one investigation
 MAX_TOKENS = 150_000  # input + output tokens of one investigation
@@ -103,7 +104,7 @@ def investigator_model(session: Session, name: str) -> Model:
     return provider_model(name, session.record.model_base_url if same else None)
 
 
-def _prompt(kind: m.InvestigationKind, question: str, experiment_id: int | None) -> str:
+def _prompt(kind: m.InvestigationKind, question: str, experiment_id: int | str | None) -> str:
     about = f" It is about experiment {experiment_id}." if experiment_id is not None else ""
     return f"Investigation ({kind}): {question.strip()}{about}"
 
@@ -140,7 +141,8 @@ async def run_investigation(
     )
     session.emit("info", f"investigation {inv.id} ({kind}): {question.strip()[:120]}", investigation_id=inv.id)
     agent: Agent[Session, str] = Agent(
-        deps_type=Session, output_type=str, instructions=INSTRUCTIONS, toolsets=[investigation.toolset],
+        deps_type=Session, output_type=str, instructions=INSTRUCTIONS,
+        toolsets=[NumberedToolset(investigation.toolset)],  # the sub-agent speaks the session's numbers too
         defer_model_check=True,
     )  # fmt: skip
     limits = limits or UsageLimits(request_limit=MAX_REQUESTS, total_tokens_limit=MAX_TOKENS)
@@ -148,7 +150,7 @@ async def run_investigation(
     with capture_run_messages() as messages:
         try:
             result = await agent.run(
-                _prompt(kind, question, experiment_id),
+                _prompt(kind, question, number_of(session, experiment_id) if experiment_id is not None else None),
                 deps=session,
                 model=model or investigator_model(session, name),
                 usage_limits=limits,
@@ -192,7 +194,7 @@ def investigation_due(session: Session) -> tuple[str, dict[str, Any]] | None:
         if e.verdict == "crashed" and e.id is not None and ("crash", e.id) not in done:
             what = "+".join(e.plan_items) or "the baseline"
             return "investigate", {
-                "question": f"Why did experiment {e.id} ({what}) crash, and what should be tried next?",
+                "question": f"Why did experiment {e.number} ({what}) crash, and what should be tried next?",
                 "kind": "crash",
                 "experiment_id": e.id,
             }
@@ -202,7 +204,7 @@ def investigation_due(session: Session) -> tuple[str, dict[str, Any]] | None:
     if not session.store.findings(session.id, experiment_id=best.id, kind="bottleneck"):
         return None  # analysed first (the autopilot's analyze step), then investigated
     return "investigate", {
-        "question": f"What limits the best configuration (experiment {best.id}): the GEMM and roofline evidence?",
+        "question": f"What limits the best configuration (experiment {best.number}): the GEMM and roofline evidence?",
         "kind": "root_cause",
         "experiment_id": best.id,
     }

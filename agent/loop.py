@@ -56,6 +56,7 @@ from agent.session_tools import session_toolsets
 from agent.settings import settings
 from agent.text import quote
 from tools.method import Method, MethodGuard, Moves, method_text
+from tools.numbering import NumberedToolset
 
 pydantic_ai.BANNER_ENABLED = False  # pivot owns its terminal output (progress on stderr, the TUI's screen)
 
@@ -96,7 +97,8 @@ def state_text(session: Session) -> str:
     t = plan.target
     lines = [
         f"Session {session.id}: plan {plan.name} ({plan.title}); {t.model} on {session.record.hardware_text}, "
-        f"engine {session.record.engine}.",
+        f"engine {session.record.engine}. Experiments are numbered in this session (1 is its first); an "
+        "experiment_id is that number, as the user reads it in the reports.",
         "Tiers: " + "; ".join(f"{k} {v}: {', '.join(i.id for i in plan.tier_items(k))}" for k, v in plan.tiers.items()),
         f"Noise band: {method.band_pct():.1f}% (floor {method.settings.min_gain_pct:g}%); reruns "
         f"{method.settings.reruns}; pivot after {method.settings.stall_after} changes without gain.",
@@ -105,16 +107,16 @@ def state_text(session: Session) -> str:
     lines.append(f"Improvement documents written: {len(docs & set(plan.item_ids()))} of {len(plan.items)}.")
     best = method.best()
     if best is not None:
-        lines.append(f"Best configuration so far: experiment {best.id}: {best.config}")
+        lines.append(f"Best configuration so far: experiment {best.number}: {best.config}")
     shown = method.experiments[-16:]
     if len(method.experiments) > len(shown):
-        lines.append(f"Experiments 1-{shown[0].id - 1 if shown[0].id else '?'}: in the ledger (pivot show).")
+        lines.append(f"Experiments 1-{(shown[0].number or 1) - 1}: in the ledger (pivot show).")
     for e in shown:
         items = "+".join(e.plan_items) or "-"
         runs = method.run_count(e)
         why = f": {e.reason[:100]}" if e.reason else ""
         lines.append(
-            f"- experiment {e.id} item {items} {e.kind} {e.status}, {runs} run{'s' if runs != 1 else ''}, "
+            f"- experiment {e.number} item {items} {e.kind} {e.status}, {runs} run{'s' if runs != 1 else ''}, "
             f"verdict {e.verdict or '-'}{why}"
         )
     for p in method.pivots[-3:]:
@@ -135,7 +137,7 @@ def state_text(session: Session) -> str:
         what = "+".join(first.items) or ("without " + "+".join(first.reverts) if first.reverts else "-")
         lines.append(f"The search's next step: {first.action} {what}: {first.reason[:200]}")
     if session.live is not None:
-        lines.append(f"A server is running for experiment {session.live.experiment_id}.")
+        lines.append(f"A server is running for experiment {method.number(session.live.experiment_id)}.")
     return "\n".join(lines)
 
 
@@ -152,7 +154,8 @@ def build_agent(compact: bool = True) -> Agent[Session, str | DeferredToolReques
         deps_type=Session,
         output_type=[str, DeferredToolRequests],
         instructions=METHOD,
-        toolsets=[MethodGuard(t) for t in toolsets()],  # the method, enforced for every model
+        # the method, enforced for every model; outside it, the model's experiment numbers to the ledger's ids and back
+        toolsets=[NumberedToolset(MethodGuard(t)) for t in toolsets()],
         capabilities=[CompactHistory()] if compact else [],
         defer_model_check=True,
     )
@@ -178,13 +181,42 @@ def resolve_model(session: Session) -> Model | str:
     return provider_model(name, session.record.model_base_url)
 
 
+def check_model_base_url(url: str) -> str:
+    """`--model-base-url` checked before it is used or stored: an http(s) URL with a host and a port in range, and no
+    credentials in it (a user:password@ or a query string: the ledger keeps the URL, and keys never go to disk)."""
+    from urllib.parse import urlsplit
+
+    hint = "e.g. --model-base-url http://127.0.0.1:30000/v1; a key goes in $PIVOT_MODEL_API_KEY, never in the URL"
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port  # ValueError when it is not a number in 0..65535
+    except ValueError as e:
+        raise PivotError(f"--model-base-url is not a URL: {e}", hint=hint) from e
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise PivotError("--model-base-url needs http:// or https:// and a host", hint=hint)
+    if port == 0:
+        raise PivotError("--model-base-url has port 0", hint=hint)
+    if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
+        raise PivotError(
+            "--model-base-url carries credentials or a query string, and the ledger records the URL",
+            hint="give the server's base URL alone and its key in $PIVOT_MODEL_API_KEY",
+        )
+    return url.strip()
+
+
 def provider_model(name: str, base_url: str | None) -> Model:
     """A model other than the autopilot, built now so that a missing key or an unknown provider is a clear error
     before anything runs (nothing is sent to it here)."""
+    if base_url:
+        base_url = check_model_base_url(base_url)
     if name.startswith(SCRIPT_PREFIX):  # a replayed file: checked now, whole
         from agent.script_model import ScriptModel
 
         return ScriptModel(name).model
+    from agent.model_limits import GuardedModel, capped_client
+
+    timeout_s = model_timeout_s()
+    deadline_s = timeout_s * (model_retries() + 1) + 60.0  # every attempt at its deadline, and the backoff between
     try:
         if base_url:
             from openai import AsyncOpenAI
@@ -198,13 +230,14 @@ def provider_model(name: str, base_url: str | None) -> Model:
                 base_url=base_url,
                 api_key=key.get_secret_value() if key is not None else "api-key-not-set",
                 max_retries=given.model_retries,  # connection errors, timeouts, 408, 409, 429 and 5xx, with backoff
-                timeout=given.model_timeout_s,
+                timeout=timeout_s,
+                http_client=capped_client(timeout_s),  # the timeout is a total deadline, the answer's size capped
             )
             provider = OpenAICompatibleProvider("pivot-model", openai_client=client)
-            return OpenAIChatModel(model_name, provider=provider)
+            return GuardedModel(OpenAIChatModel(model_name, provider=provider), deadline_s)
         from pydantic_ai.models import infer_model
 
-        return infer_model(name)
+        return GuardedModel(infer_model(name), deadline_s)
     except UserError as e:
         raise PivotError(
             f"cannot use model {name!r}: {e}",
@@ -216,6 +249,11 @@ def provider_model(name: str, base_url: str | None) -> Model:
 def model_retries() -> int:
     """The OpenAI-compatible client's retries (with backoff) before a failure is reported ($PIVOT_MODEL_RETRIES)."""
     return settings().model_retries
+
+
+def model_timeout_s() -> float:
+    """The deadline of one attempt at a model request, in all, not per read ($PIVOT_MODEL_TIMEOUT_S)."""
+    return settings().model_timeout_s
 
 
 def model_failure(e: Exception, session: Session) -> tuple[str, str]:
@@ -268,7 +306,10 @@ def load_history(session: Session) -> list[ModelMessage]:
 
 
 def _dump(message: ModelMessage) -> str:
-    return ModelMessagesTypeAdapter.dump_json([message]).decode()[1:-1]
+    """A message as the ledger keeps it: each part within agent/context.py's MAX_PART_CHARS."""
+    from agent.context import cap_message
+
+    return ModelMessagesTypeAdapter.dump_json([cap_message(message)]).decode()[1:-1]
 
 
 def unanswered(history: list[ModelMessage]) -> list[ToolCallPart]:

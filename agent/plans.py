@@ -45,6 +45,7 @@ from pydantic import ValidationError
 from agent.errors import PlanError
 from agent.models import Experiment, Plan
 
+MAX_PLAN_BYTES = 4 * 2**20  # the seeds' plan is 12 KB
 _TABLE = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(#.*)?$")
 _ARRAY_TABLE = re.compile(r"^\s*\[\[\s*([^\[\]]+?)\s*\]\]\s*(#.*)?$")
 _KEY = re.compile(r"""^\s*((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*=""")
@@ -153,6 +154,8 @@ def parse_plan(text: str, source: str = "<plan>") -> Plan:
         data: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise PlanError(f"{source}: not valid TOML: {e}", hint="fix the syntax at that line") from e
+    except RecursionError as e:  # tomllib parses nested arrays and tables by recursion
+        raise PlanError(f"{source}: nested too deeply to be a plan", hint="a plan nests a few tables, no more") from e
     data.pop("source", None)
     try:
         _expand_target(data)
@@ -179,6 +182,8 @@ def plan_changes(old: Plan, new: Plan, experiments: list[Experiment] | None = No
     """What `new` changes in `old`, one line each; a PlanError when the change cannot apply to a session whose
     ledger holds `experiments` (another target, or an item removed that experiments were run for)."""
     fixed = ("model", "model_profile", "hardware", "gpus", "engine")
+    if new.source and Path(new.source).is_file():  # a session recorded before profile paths were made absolute
+        old = with_profile_paths(old, Path(new.source).resolve().parent)
     moved = [f for f in fixed if getattr(old.target, f) != getattr(new.target, f)]
     if moved:
         what = ", ".join(f"target.{f} {getattr(old.target, f)!r} -> {getattr(new.target, f)!r}" for f in moved)
@@ -257,7 +262,28 @@ def load_plan(ref: str | Path) -> Plan:
     """Read, parse and validate a plan file (or a shipped plan by name)."""
     path = resolve_plan_path(ref)
     try:
+        if path.stat().st_size > MAX_PLAN_BYTES:
+            raise PlanError(f"{path}: larger than {MAX_PLAN_BYTES // 2**20} MiB: not a plan")
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise PlanError(f"{path}: cannot read the plan: {e}") from e
-    return parse_plan(text, source=str(path))
+    return with_profile_paths(parse_plan(text, source=str(path)), path.resolve().parent)
+
+
+def is_profile_path(ref: str) -> bool:
+    """Whether a profile reference is a file (`my-gpu.toml`, `profiles/x.toml`) rather than a shipped profile's name."""
+    return ref.endswith(".toml") or "/" in ref or "\\" in ref
+
+
+def with_profile_paths(plan: Plan, folder: Path) -> Plan:
+    """The plan with each profile it names by a relative path (`model_profile = "qwen.toml"`) made absolute from
+    `folder`, the plan file's directory, so the plan means the same files from any working directory."""
+    target = plan.target
+    update: dict[str, Any] = {}
+    for field in ("model_profile", "hardware"):
+        ref = getattr(target, field)
+        if ref and is_profile_path(ref) and not Path(ref).expanduser().is_absolute():
+            update[field] = str((folder / Path(ref).expanduser()).resolve())
+    if not update:
+        return plan
+    return plan.model_copy(update={"target": target.model_copy(update=update)})

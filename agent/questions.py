@@ -24,7 +24,9 @@ def headline(moves: Moves) -> str:
     if best.id != base.id and jbase.after_tok_s:
         gain = f", {(jb.after_tok_s - jbase.after_tok_s) / jbase.after_tok_s * 100:+.1f}% over the baseline"
     unit = method.objective.unit
-    return f"Best so far: {jb.after_tok_s:,.0f} {unit} at concurrency {jb.concurrency} (experiment {best.id}{gain})."
+    return (
+        f"Best so far: {jb.after_tok_s:,.0f} {unit} at concurrency {jb.concurrency} (experiment {best.number}{gain})."
+    )
 
 
 def question(moves: Moves) -> tuple[str, list[str]]:
@@ -47,9 +49,9 @@ def question(moves: Moves) -> tuple[str, list[str]]:
         return _failed(moves, e)
     if due.kind == "crash" and e is not None:
         item = plan.item(e.plan_item) if e.plan_item in plan.item_ids() else None
-        what = f"{item.id} {item.title}" if item else f"experiment {e.id}"
+        what = f"{item.id} {item.title}" if item else f"experiment {e.number}"
         expected = item.expected_impact.strip().rstrip(".") if item else "a gain"
-        q = f"{what} crashed (experiment {e.id}: {e.reason}) although the plan expected {expected}. {head} How should pivot go on?"
+        q = f"{what} crashed (experiment {e.number}: {e.reason}) although the plan expected {expected}. {head} How should pivot go on?"
     elif due.kind == "stall":
         q = (
             f"The last {method.settings.stall_after} changes gave no gain beyond the {method.band_pct():.1f}% noise "
@@ -90,13 +92,13 @@ def _failed(moves: Moves, e: m.Experiment | None) -> tuple[str, list[str]]:
     if e is not None and e.failure in BENCHMARK_REFUSED:
         w = e.workload
         q = (
-            f"The server refused the benchmark's requests (experiment {e.id}, {why}). The workload (input "
+            f"The server refused the benchmark's requests (experiment {e.number}, {why}). The workload (input "
             f"{w.random_input_len} / output {w.random_output_len} tokens, {w.dataset_name}) does not fit what the "
             "server accepts: fix the plan's [workload] (or the server's limits in its flags), then resume with "
             f"--plan FILE --answer continue, or answer 'continue' to try it again as it is."
         )
         options = [
-            f"continue: run experiment {e.id}'s benchmark again (after `pivot resume {method.record.id} --plan FILE` "
+            f"continue: run experiment {e.number}'s benchmark again (after `pivot resume {method.record.id} --plan FILE` "
             "with the workload fixed)",
             "stop: end the campaign",
         ]

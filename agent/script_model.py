@@ -25,20 +25,28 @@ from agent.errors import PivotError
 from agent.session import Session
 
 PREFIX = "script:"
+MAX_SCRIPT_BYTES = 64 * 2**20  # a script is steps a person or a test wrote, not a dump
 
 
 def parse_steps(path: Path) -> list[dict[str, Any]]:
     """The file's steps, checked: every line a JSON object with `tool` (and optional `args`) or `text`."""
+    hint = 'a script is JSON lines: {"tool": NAME, "args": {...}} or {"text": "..."}'
     try:
+        if path.stat().st_size > MAX_SCRIPT_BYTES:
+            raise PivotError(f"the script {path} is larger than {MAX_SCRIPT_BYTES // 2**20} MiB", hint=hint)
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as e:
         raise PivotError(f"cannot read the script {path}: {e.strerror or e}", hint="--model script:FILE.jsonl") from e
+    except UnicodeDecodeError as e:
+        raise PivotError(f"the script {path} is not UTF-8 text (byte {e.start}: {e.reason})", hint=hint) from e
     steps: list[dict[str, Any]] = []
     for n, line in enumerate(lines, start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         try:
             step = json.loads(line)
+        except RecursionError as e:
+            raise PivotError(f"{path}:{n}: nested too deeply to be a step", hint=hint) from e
         except ValueError as e:
             raise PivotError(
                 f"{path}:{n}: not JSON: {e}", hint='each line: {"tool": NAME, "args": {...}} or {"text": "..."}'

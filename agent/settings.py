@@ -37,7 +37,10 @@ class Settings(BaseSettings):
         None, description="The key sent to --model-base-url (read from the environment only, never stored)."
     )
     model_retries: int = Field(3, ge=0, le=100, description="Retries (with backoff) of a failed model request.")
-    model_timeout_s: float = Field(300.0, gt=0, description="Seconds one model request may take.")
+    model_timeout_s: float = Field(
+        300.0, gt=0, le=86_400, allow_inf_nan=False,
+        description="Seconds one attempt at a model request may take in all (a deadline, not per read).",
+    )  # fmt: skip
     engine: str = Field("sim", min_length=1, description="The engine of a new campaign (pivot run, demo, chat).")
     serve_engine: str = Field(
         "sim-http", min_length=1, description="The engine of pivot serve and launch-bench: a server you reach by URL."

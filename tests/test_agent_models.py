@@ -220,7 +220,8 @@ def test_a_model_without_its_key_is_a_clear_error(store, paths, no_key):
             loop.resolve_model(s)
         s.record = s.record.model_copy(update={"model": "openai-chat:qwen", "model_base_url": "http://127.0.0.1:9/v1"})
         model = loop.resolve_model(s)
-        assert type(model).__name__ == "OpenAIChatModel" and model.model_name == "qwen"
+        assert type(model).__name__ == "GuardedModel" and model.model_name == "qwen"  # agent/model_limits.py
+        assert type(model.wrapped).__name__ == "OpenAIChatModel"
 
 
 async def test_a_pivot_asked_beside_another_tool_call_is_answered_in_place(store, paths):

@@ -104,7 +104,7 @@ def test_reading_reports_malformed_lines_by_number(bench_file):
     assert [(p.line, p.message.split(" (")[0].split(":")[0]) for p in skipped] == [
         (2, "not JSON"),
         (4, "a JSON list, not an object"),
-        (5, "missing bench_serving keys"),
+        (5, "missing the bench_serving keys pivot needs"),
         (8, "max_concurrency is None"),
     ]
 
@@ -125,7 +125,7 @@ def test_import_creates_the_session_and_the_summary_has_the_files_numbers(bench_
     assert code == 0, err
     for line in (2, 4, 5, 8):
         assert f"{bench_file}:{line}: skipped" in err
-    assert "created session" in out and "as experiment #1 (the session's baseline)" in out
+    assert "created session" in out and "as experiment #1 'tp8 mrr2048' (the session's baseline)" in out
 
     code, text, err = _run(capsys, "summary", "by-hand")
     assert code == 0, err
@@ -182,12 +182,15 @@ def test_a_second_import_adds_a_comparison_and_touches_nothing_else(bench_file, 
         "--tp-size 8 --enable-mscclpp",
     )
     assert code == 0, err
-    assert "as experiment #2 into session" in out
+    assert "as experiment #2 'mscclpp' into session" in out
     assert db.execute("select * from experiments where id = 1").fetchall() == before[0]
     assert db.execute("select * from bench_levels where experiment_id = 1").fetchall() == before[1]
     code, text, _ = _run(capsys, "summary", "by-hand")
     tried = text.split("## What was tried\n", 1)[1].split("\n## ", 1)[0]
-    assert "| #2 | - | --enable-mscclpp | +10.0% output tok/s at 2048 (2,095 -> 2,304) | not judged |" in tried
+    assert (
+        "| #2 | - | imported 'mscclpp': --enable-mscclpp | +10.0% output tok/s at 2048 (2,095 -> 2,304) | not judged |"
+        in tried
+    )
 
 
 def test_importing_into_a_missing_session_needs_a_plan(bench_file, capsys):
@@ -199,6 +202,43 @@ def test_a_file_without_a_single_run_records_nothing(tmp_path, paths, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text("oops\n{}\n")
     code, _, err = _run(capsys, "import", "s1", str(bad), "--label", "x", "--plan", "glm5-nvfp4-rtxpro6000x8")
-    assert code == 1 and "line 1: not JSON" in err and "line 2: missing bench_serving keys" in err
+    assert code == 1 and "line 1: not JSON" in err and "line 2: missing the bench_serving keys pivot needs" in err
     db = sqlite3.connect(paths.db_path)
     assert db.execute("select count(*) from experiments").fetchone() == (0,)
+
+
+def test_a_file_with_only_the_keys_pivot_needs_imports_and_a_missing_one_is_named_with_the_rest(tmp_path, capsys):
+    """Before: 34 keys required (p90/p95/std of every metric), 6 named and "8 more". Now: the means, counts and
+    throughputs pivot compares; the rest kept when there; total_throughput and concurrency derived."""
+    from agent.imports import REQUIRED_KEYS
+
+    full = json.loads(bench_serving_line(*SEEDS[0]))
+    lean = {k: v for k, v in full.items() if not k.startswith(("median_", "std_", "p90_", "p95_", "p99_"))}
+    lean.pop("total_throughput")
+    lean.pop("concurrency")
+    path = tmp_path / "lean.jsonl"
+    path.write_text(json.dumps(lean) + "\n" + json.dumps({k: v for k, v in lean.items() if k not in ("duration",
+                    "mean_tpot_ms", "mean_itl_ms", "max_output_tokens_per_s")}) + "\n")  # fmt: skip
+    levels, skipped, _ = read_bench_serving(path)
+    (level,) = [lv for _, lv, _ in levels.values()]
+    duration = lean["duration"]
+    assert level.total_throughput == pytest.approx(
+        (lean["total_input_tokens"] + lean["total_output_tokens"]) / duration
+    )
+    assert level.concurrency == pytest.approx(lean["mean_e2e_latency_ms"] / 1000 * lean["completed"] / duration)
+    assert level.p99_ttft_ms is None
+    (problem,) = skipped
+    assert problem.message == (
+        "missing the bench_serving keys pivot needs: duration, mean_tpot_ms, mean_itl_ms, max_output_tokens_per_s"
+    )
+    assert len(REQUIRED_KEYS) < 20 and not any(k.startswith(("p90_", "p95_", "std_")) for k in REQUIRED_KEYS)
+
+
+def test_the_label_shows_where_the_experiment_is_read(tmp_path, capsys, bench_file):
+    code, out, _ = _run(capsys, "import", "labelled", str(bench_file), "--label", "tp8 mrr2048", "--plan",
+                        "glm5-nvfp4-rtxpro6000x8", "--flags", "--tp-size 8")  # fmt: skip
+    assert code in (0, None) and "'tp8 mrr2048'" in out
+    code, shown, _ = _run(capsys, "show", "labelled", "--json")
+    assert json.loads(shown)["experiments"][0]["change"] == "imported 'tp8 mrr2048': --tp-size 8"
+    code, summary, _ = _run(capsys, "summary", "labelled")
+    assert "imported 'tp8 mrr2048'" in summary

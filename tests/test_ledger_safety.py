@@ -142,3 +142,51 @@ def test_unlock_clears_a_dead_or_foreign_lock_but_not_a_live_one(paths, store, s
     finally:
         holder.kill()
         holder.wait()
+
+
+WAL_WRITER = textwrap.dedent(
+    """
+    import os, sys
+    from agent import models as m
+    from agent.plans import load_plan
+    from agent.store import Store
+    store = Store(sys.argv[1])
+    plan = load_plan("llama70b-fp8-h200x1")
+    store.create_session(m.Session(id="wal000", name="x", plan=plan, engine="sim"))
+    store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    for i in range(40):
+        store.create_session(m.Session(id=f"wal{i:03d}x", name="y" * 2000, plan=plan, engine="sim"))
+    os._exit(0)  # killed before closing: what it wrote is in the -wal, never checkpointed
+    """
+)
+
+
+def test_a_damaged_ledger_with_an_uncheckpointed_wal_is_left_untouched(paths):
+    """Before: closing the connection that found the damage checkpointed the WAL into the file (it grew, the -wal
+    went away) while pivot printed "left untouched"."""
+    paths.state_dir.mkdir(parents=True)
+    subprocess.run([sys.executable, "-c", WAL_WRITER, str(paths.db_path)], check=True, timeout=60)
+    wal = paths.db_path.with_name("pivot.db-wal")
+    assert wal.stat().st_size > 0
+    data = bytearray(paths.db_path.read_bytes())
+    data[8192:24576] = b"\x5a" * 16384  # damage middle pages of the main file
+    paths.db_path.write_bytes(bytes(data))
+    before = (_digest(paths.db_path), _digest(wal))
+    for command in (["sessions"], ["resume", "wal000"], ["run", "llama70b-fp8-h200x1"]):
+        proc = subprocess.run([*PIVOT, *command], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 1 and "damaged" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert (_digest(paths.db_path), _digest(wal)) == before, command
+
+
+def test_a_ledger_missing_a_table_is_refused_before_anything_writes_to_it(paths, store, small_plan):
+    store.create_session(m.Session(id="tbl001", name="x", plan=small_plan, engine="sim"))
+    store.db.execute("drop table servers")
+    store.db.conn.commit()
+    store.close()
+    before = _digest(paths.db_path)
+    for command in (["resume", "tbl001"], ["servers", "tbl001"], ["run", "llama70b-fp8-h200x1"], ["sessions"]):
+        proc = subprocess.run([*PIVOT, *command], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 1, (command, proc.stderr)
+        assert "lacks the table servers" in proc.stderr and "no such table" not in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert _digest(paths.db_path) == before, command

@@ -9,9 +9,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -240,7 +242,8 @@ def test_a_task_whose_lease_is_gone_stops_its_server(tmp: Path, ray_executor: Ra
         [outcome] = ray_executor.run([task], on_event)
     finally:
         ray_executor._lease = own
-    assert (outcome.status, outcome.failure) == ("failed", "unknown") and "DriverGone" in outcome.failure_detail
+    # the executor's own failure, not the engine's: lost (the driver records it interrupted and runs it again)
+    assert (outcome.status, outcome.failure) == ("lost", None) and "lease actor is gone" in outcome.message
     assert not marked_processes(task.mark)
 
 
@@ -290,14 +293,29 @@ DRIVER = textwrap.dedent(
 )
 
 
+KEYS = {"PIVOT_MODEL_API_KEY": "pivot-key-0123456789", "OPENAI_API_KEY": "sk-0123456789abcdef",
+        "ANTHROPIC_API_KEY": "sk-ant-0123456789", "MOONSHOTAI_API_KEY": "moon-0123456789",
+        "AWS_SECRET_ACCESS_KEY": "aws-0123456789"}  # fmt: skip
+
+
 def test_a_killed_driver_leaves_no_server(tmp_path: Path) -> None:
+    """... nor its local Ray instance, nor its token in /tmp; and no Ray process holds a model key."""
     mark = f"ray-driver-{os.getpid()}-{time.monotonic_ns()}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    temp = Path(tempfile.mkdtemp(prefix="pv-", dir="/tmp"))  # short: Ray's socket paths live under TMPDIR
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}, **KEYS, "TMPDIR": str(temp)}
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, mark, str(tmp_path)], cwd=ROOT, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
         assert _until(lambda: bool(marked_processes(mark)) or driver.poll() is not None, 60), "no server started"
         assert driver.poll() is None, driver.stdout.read().decode()[-3000:] if driver.stdout else ""
+        assert list(temp.glob("pivot-ray-auth-*/auth_token"))
+        for pid in group_members(driver.pid):
+            if pid == driver.pid:
+                continue
+            with contextlib.suppress(OSError):
+                environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+                held = [k for k in KEYS if f"{k}=" in environ]
+                assert not held, f"Ray process {pid} holds {held}"
         time.sleep(1.0)
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait()
@@ -305,6 +323,8 @@ def test_a_killed_driver_leaves_no_server(tmp_path: Path) -> None:
         # nor any process of the local Ray instance it started (Ray's agents outlive a SIGKILLed driver: its keeper)
         left = lambda: [p for p in group_members(driver.pid) if p != driver.pid]  # noqa: E731
         assert _until(lambda: not left(), 30), [Path(f"/proc/{p}/cmdline").read_bytes()[:80] for p in left()]
+        assert _until(lambda: not list(temp.glob("pivot-ray-*")), 30), list(temp.iterdir())  # the token went too
+        shutil.rmtree(temp, ignore_errors=True)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(driver.pid, signal.SIGKILL)  # the driver's own Ray processes (its session)

@@ -146,6 +146,8 @@ def test_status_summary_numbers_come_from_the_ledger(ledger, paths):
             sid,
         )
         exps = {r["id"]: r for r in _sql(db, "select * from experiments where session_id = ?", sid)}
+        num = {eid: n for n, eid in enumerate(sorted(exps), start=1)}  # what reports call them: the session's numbers
+        of_number = {n: eid for eid, n in num.items()}
 
         # Best results: per level, the best output tok/s among kept experiments, every column from its row
         _, tabs = _walk(_section(text, "Best results"))
@@ -170,16 +172,16 @@ def test_status_summary_numbers_come_from_the_ledger(ledger, paths):
             if level.get("mean_gpu_power_w") is not None:
                 assert _close(row[6], level["mean_gpu_power_w"]), (name, row)
                 assert _close(row[7], level["energy_per_output_token_j"]), (name, row)
-            assert row[8] == f"#{r['eid']}"
+            assert row[8] == f"#{num[r['eid']]}"
             config = json.loads(exps[r["eid"]]["config_json"])
             assert all(f["name"] in row[9] for f in config["flags"] if f["name"] != "--model-path")
 
         # What was tried: every experiment, with its verdict and the change against its base
         _, tabs = _walk(_section(text, "What was tried"))
-        assert [r[0] for r in tabs[0][1:]] == [f"#{i}" for i in sorted(exps)]
+        assert [r[0] for r in tabs[0][1:]] == [f"#{num[i]}" for i in sorted(exps)]
         by_key = {(r["eid"], r["max_concurrency"]): r for r in levels}
         for row in tabs[0][1:]:
-            e = exps[int(row[0][1:])]
+            e = exps[of_number[int(row[0][1:])]]
             effect = re.match(r"([+-]\d+\.\d)% output tok/s at (\d+) \(([\d,]+) -> ([\d,]+)\)", row[3])
             if effect:
                 c = int(effect.group(2))
@@ -206,7 +208,7 @@ def test_status_summary_numbers_come_from_the_ledger(ledger, paths):
                 in_values = any(_close(shown, v) for v in values.values())
                 in_text = shown in NUMBER.findall(by_text[stripped]["text"])
                 assert in_values or in_text, (line, shown)
-        verdict = next(f for f in findings if f["kind"] == "bottleneck" and f"#{f['experiment_id']}" in text)
+        verdict = next(f for f in findings if f["kind"] == "bottleneck" and f"#{num.get(f['experiment_id'])}" in text)
         assert verdict["category"] in text.replace(" ", "_").lower() or True
 
         # Anything else: every number in the document is a ledger value, a number in a ledger text, or a change %
@@ -231,6 +233,7 @@ def test_status_summary_numbers_come_from_the_ledger(ledger, paths):
                     if base[col]:
                         values.append(abs(r[col] - base[col]) / base[col] * 100)  # NUMBER drops signs
         values.append(len(exps))
+        values += [float(n) for n in num.values()]
         unexplained = []
         for shown in NUMBER.findall(text):
             if shown.replace(",", "") in {t.replace(",", "") for t in pool_text}:
@@ -317,7 +320,9 @@ def test_a_tested_item_shows_before_after_the_change_the_verdict_and_the_expecta
     }
     _, tabs = _walk(_section(text, "Result"))
     header, *body = tabs[0]
-    assert header[1].endswith(f"(#{e['base_experiment_id']})") and header[2] == f"after (#{e['id']})"
+    number = {eid: n for n, eid in enumerate(sorted(r["id"] for r in _sql(
+        db, "select id from experiments where session_id = ?", ids["llama"])), start=1)}  # fmt: skip
+    assert header[1].endswith(f"(#{number[e['base_experiment_id']]})") and header[2] == f"after (#{number[e['id']]})"
     for row in body:
         c = int(row[0])
         b, a = rows[(e["base_experiment_id"], c)], rows[(e["id"], c)]
@@ -443,7 +448,12 @@ def test_charts_a_reader_understands_at_a_glance():
     assert any(t == "#8 crashed at 1024 (cuda-error)" for t in texts)
     assert {"#1", "#3", "#5", "#7"} <= set(texts)  # direct labels where the lines end
     crosses = [line for line in ax.get_lines() if line.get_marker() == "X" and list(line.get_xdata()) == [1024]]
-    assert crosses and list(crosses[0].get_ydata()) == [700]
+    # a crashed level is a gap with a cross on the concurrency axis, never a value: not at 700 (the last that held)
+    assert len(crosses) == 1 and crosses[0].get_transform() == ax.get_xaxis_transform()
+    assert all(0 < y < 0.2 for y in crosses[0].get_ydata()) and crosses[0].get_linestyle() == "None"
+    crashed = next(line for line in lines if line.get_label().startswith("#8"))
+    assert list(crashed.get_xdata()) == [1, 256]  # its line ends at the last level that held
+    assert not any(1024 in list(line.get_xdata()) and 700 in list(line.get_ydata()) for line in ax.get_lines())
     band_poly = [c for c in ax.collections if c.get_label().startswith("noise band")]
     assert band_poly
     plt.close(fig)

@@ -378,10 +378,10 @@ def test_reports_name_every_item_of_a_combined_step_and_the_predictions(store, p
     assert "one experiment that combined those items" in text
     predicted_row = next(line for line in text.splitlines() if "| 08 |" in line)
     assert "not launched" in predicted_row and "predicted +0.4%" in predicted_row
-    assert "Not launched: the twin predicted +0.4%" in text  # Next steps says why 08 waits
+    assert "Not launched: when experiment #" in text and "the twin predicted +0.4% against experiment #" in text
     doc, _, _ = reports.render_improvement(ledger, plan.item("02"))
     assert "together with 01 Raise the running cap as one step (01+02)" in doc
-    assert "Before the launch, the search's prediction: the twin predicts 1,160" in doc
+    assert "the search's prediction: the twin predicts 1,160" in doc
     doc8, status8, _ = reports.render_improvement(ledger, plan.item("08"))
     assert status8.startswith("not launched") and "prediction, not a measurement" in doc8
 

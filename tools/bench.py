@@ -20,6 +20,7 @@ from agent.errors import PivotError, RequestsRefused
 from agent.session import LiveServer, Session
 from tools.experiments import raw_run_file, record_failed
 from tools.method import Judgement, Method
+from tools.numbering import number_of
 
 toolset: FunctionToolset[Session] = FunctionToolset(id="bench", max_retries=3)
 
@@ -42,6 +43,7 @@ class LevelRow(BaseModel):
         default=None, description="With SLOs: good requests / requests sent (0..1; failures count against)."
     )
     token_goodput_tok_s: float | None = Field(default=None, description="With SLOs: output tok/s of good requests.")
+    refused: str | None = Field(default=None, description="Why this level is not a measurement (never judged).")
 
 
 class BenchReport(BaseModel):
@@ -85,7 +87,7 @@ def _with_capacity(
     if objective is None or not dep.alive():
         return result
     capacity = run_capacity(dep, spec, objective, result, predicted=start, output_file=output_file,
-                            on_progress=lambda line: session.emit("progress", f"experiment {e.id}: {line}"))  # fmt: skip
+                            on_progress=lambda line: session.emit("progress", f"experiment {e.number}: {line}"))  # fmt: skip
     return result.model_copy(update={"capacity": capacity})
 
 
@@ -114,10 +116,10 @@ def run_benchmark(ctx: RunContext[Session], concurrency: list[int] | None = None
     runs = len(store.bench_results(e.id or 0))
     dep = live.deployment
     output_file = raw_run_file(session, e.id or 0, runs + 1)
-    session.emit("progress", f"experiment {e.id}: benchmarking levels {', '.join(map(str, spec.concurrency))}")
+    session.emit("progress", f"experiment {e.number}: benchmarking levels {', '.join(map(str, spec.concurrency))}")
     try:
         result = dep.benchmark(
-            spec, lambda line: session.emit("progress", f"experiment {e.id}: {line}"), output_file=output_file
+            spec, lambda line: session.emit("progress", f"experiment {e.number}: {line}"), output_file=output_file
         )
     except RequestsRefused as err:  # up, but it refused every request: the experiment failed, in the server's words
         session.stop_live()
@@ -129,11 +131,11 @@ def run_benchmark(ctx: RunContext[Session], concurrency: list[int] | None = None
     if result.interrupted or session.live is not live:  # cut short (Ctrl-C, a cancel): a broken run is not a crash
         store.update_experiment(e.model_copy(update={"status": "interrupted"}))
         raise PivotError(
-            f"the benchmark of experiment {e.id} was cut short before it finished; nothing was recorded",
+            f"the benchmark of experiment {e.number} was cut short before it finished; nothing was recorded",
             hint="resume the session to run it again",
         )
     if not result.levels:
-        raise PivotError(f"the benchmark of experiment {e.id} produced no level", hint="see server_status")
+        raise PivotError(f"the benchmark of experiment {e.number} produced no level", hint="see server_status")
     telemetry = list(dep.level_telemetry)  # the sweep's (a capacity level's benchmark starts afresh)
     result = _with_capacity(session, e, dep, spec, result, output_file)
     run_id = store.add_bench_result(e.id or 0, result)
@@ -167,10 +169,11 @@ def run_benchmark(ctx: RunContext[Session], concurrency: list[int] | None = None
         )
         for lv in result.levels
     ]
-    top = max(rows, key=lambda r: r.output_tok_s)
+    held = [r for r, lv in zip(rows, result.levels, strict=True) if lv.holds] or rows
+    top = max(held, key=lambda r: r.concurrency)  # the highest level that held: where a comparison is made
     session.emit(
         "tool_result",
-        f"experiment {e.id} run {runs + 1}: best {top.output_tok_s:,.0f} output tok/s at {top.concurrency}"
+        f"experiment {e.number} run {runs + 1}: {top.output_tok_s:,.0f} output tok/s at {top.concurrency}"
         + (f"; failed at {', '.join(str(lv.max_concurrency) for lv in failed)} ({failure})" if failed else ""),
     )
     return BenchReport(
@@ -234,7 +237,7 @@ def profile(ctx: RunContext[Session]) -> dict[str, Any]:
     shares = {k: round(v.share * 100, 1) for k, v in summary.categories.items()}
     session.emit(
         "tool_result",
-        f"profile of experiment {live.experiment_id}: "
+        f"profile of experiment {number_of(session, live.experiment_id)}: "
         + ", ".join(f"{k} {v:.0f}%" for k, v in sorted(shares.items(), key=lambda kv: -kv[1])),
     )
     return {

@@ -18,6 +18,7 @@ from agent.session import Session
 from tools import reports, search
 from tools.experiments import REFUSAL_CLASS, audit_issues, proposed_config, unmeasurable_item
 from tools.method import Judgement, Method, Moves, not_measured_text, permitted
+from tools.numbering import number_of
 
 toolset: FunctionToolset[Session] = FunctionToolset(id="docs", max_retries=3)
 
@@ -55,7 +56,8 @@ def analyze(ctx: RunContext[Session], experiment_id: int | None = None) -> dict[
     except PivotError as e:
         raise ModelRetry(f"{e.message}; {e.hint or ''}") from e
     check_plan_quietly(ctx.deps)  # the plan checks read the KV usage the analysis measured: documents follow now
-    ctx.deps.emit("tool_result", f"analysis of experiment {result.experiment_id}: {result.bottleneck or 'no verdict'}")
+    shown = number_of(ctx.deps, result.experiment_id)
+    ctx.deps.emit("tool_result", f"analysis of experiment {shown}: {result.bottleneck or 'no verdict'}")
     return {
         "experiment_id": result.experiment_id,
         "source": result.source,
@@ -230,7 +232,7 @@ def record_verdict(
         )
     found = method.experiment(experiment_id)
     if found is None:
-        raise ModelRetry(f"no experiment {experiment_id} in this session")
+        raise ModelRetry(f"no experiment {number_of(session, experiment_id)} in this session")
     e = found
     j = method.judge(e)
     _check_verdict(method, e, verdict, j)
@@ -238,7 +240,7 @@ def record_verdict(
     if verdict == "not_measured" and j.text not in reason:
         reason = f"{j.text}. {reason}" if reason != j.text else reason
     e = store.update_experiment(e.model_copy(update={"verdict": verdict, "reason": reason}))
-    session.emit("tool_result", f"experiment {e.id} ({e.plan_item or e.kind}): {verdict}: {reason}")
+    session.emit("tool_result", f"experiment {e.number} ({e.plan_item or e.kind}): {verdict}: {reason}")
     return VerdictRecord(
         experiment_id=e.id or 0, plan_item=e.plan_item, verdict=verdict, reason=e.reason or "", judgement=j
     )
@@ -248,21 +250,21 @@ def _check_verdict(method: Method, e: m.Experiment, verdict: m.Verdict, j: Judge
     """Refuse (as a retry) any verdict but the one the method's judgement `j` of `e` permits: a measured -87% is
     regressed, never no_gain, measured or inconclusive (the same `permitted` the moves read)."""
     if e.verdict is not None:
-        raise ModelRetry(f"experiment {e.id} already has its verdict ({e.verdict}): {e.reason or ''}")
+        raise ModelRetry(f"experiment {e.number} already has its verdict ({e.verdict}): {e.reason or ''}")
     allowed = permitted(method, e, j)
     if verdict == "not_measured" and "not_measured" not in allowed:
         raise ModelRetry(
-            f"experiment {e.id} cannot be judged not_measured: the engine models what it changes ({j.text})"
+            f"experiment {e.number} cannot be judged not_measured: the engine models what it changes ({j.text})"
         )
     if not allowed and j.suggestion == "rerun":
         raise ModelRetry(
-            f"not judged yet: {j.text}. Rerun experiment {e.id} first (launch_server with experiment_id, then "
+            f"not judged yet: {j.text}. Rerun experiment {e.number} first (launch_server with experiment_id, then "
             "run_benchmark)"
         )
     if verdict not in allowed:
         want = " or ".join(allowed) if allowed else "nothing yet"
         raise ModelRetry(
-            f"experiment {e.id} cannot be judged {verdict}: {j.text}. Its numbers permit {want}"
+            f"experiment {e.number} cannot be judged {verdict}: {j.text}. Its numbers permit {want}"
             + (f" (a change is adopted only beyond the {j.band_pct:.1f}% noise band)" if verdict == "adopted" else "")
         )
 

@@ -14,6 +14,7 @@ from pydantic_ai import ModelRetry
 from agent import models as m
 from agent.errors import PivotError
 from agent.session import Session
+from tools.engines.failures import PIVOT_FAILURE
 from tools.method.reading import Method
 
 REFUSAL_CLASS = {
@@ -109,15 +110,17 @@ def unmeasurable_item(session: Session, method: Method, plan_item: str) -> m.Exp
 
 
 def raw_run_file(session: Session, experiment_id: int, run: int) -> Path:
-    """state/<s>/bench/expNNN-runM.jsonl for a new run. A file already there is an attempt that never reached the
+    """state/<s>/bench/expNNN-runM.jsonl for a new run of the experiment with this ledger id (NNN: its number in
+    the session, as the reports call it). A file already there is an attempt that never reached the
     ledger (pivot was killed or interrupted mid-benchmark): it is moved aside as expNNN-runM.abandoned-K.jsonl, so
     the run's file holds exactly the levels the ledger records."""
     raw = session.paths.raw_dir(session.id)
     raw.mkdir(parents=True, exist_ok=True)
-    path = raw / f"exp{experiment_id:03d}-run{run}.jsonl"
+    number = session.store.get_experiment(experiment_id).number or experiment_id
+    path = raw / f"exp{number:03d}-run{run}.jsonl"
     if path.exists():
         k = 1
-        while (aside := raw / f"exp{experiment_id:03d}-run{run}.abandoned-{k}.jsonl").exists():
+        while (aside := raw / f"exp{number:03d}-run{run}.abandoned-{k}.jsonl").exists():
             k += 1
         path.rename(aside)
         session.emit(
@@ -167,11 +170,11 @@ def record_step(
         e = method.experiment(experiment_id)
         if e is None:
             raise ModelRetry(
-                f"no experiment {experiment_id} in this session; experiments: "
-                f"{', '.join(str(x.id) for x in method.experiments) or 'none'}"
+                f"no experiment {method.number(experiment_id) or experiment_id} in this session; experiments: "
+                f"{', '.join(str(x.number) for x in method.experiments) or 'none'}"
             )
         if e.status == "failed" and method.run_count(e) == 0:
-            raise ModelRetry(f"experiment {experiment_id} never started ({e.failure}); there is nothing to rerun")
+            raise ModelRetry(f"experiment {e.number} never started ({e.failure}); there is nothing to rerun")
     else:
         items = step_items(plan_item, plan_items)
         plan_item = items[0] if items else None
@@ -246,11 +249,21 @@ def refusal(issues: list[m.FlagIssue]) -> tuple[str, str] | None:
 
 
 def record_failed(session: Session, e: m.Experiment, failure: str, message: str) -> None:
-    """Record that the experiment's server did not start: its class, and the words that say why."""
+    """Record that the experiment's server did not start: its class, and the words that say why. A failure of
+    pivot's own (its twin's command line refused a value) is not the engine's: the experiment is recorded
+    interrupted, with what happened, and the run stops with that line (PivotError), so nothing is judged on it."""
+    if failure == PIVOT_FAILURE:
+        session.store.update_experiment(
+            e.model_copy(update={"status": "interrupted", "failure_detail": f"pivot's own error: {message}"[:500]})
+        )
+        raise PivotError(
+            f"experiment {e.number} did not start because of an error of pivot's own, not the engine's: {message}",
+            hint=f"it is recorded interrupted, not crashed; fix what the line says, then `pivot resume {session.id}`",
+        )
     session.store.update_experiment(
         e.model_copy(
             update={"status": "failed", "failure": failure, "failure_detail": message[:500], "finished_at": m.utcnow()}
         )
     )
     what = "the server refused the benchmark" if failure == "request-refused" else "did not start"
-    session.emit("warning", f"experiment {e.id}: {what} ({failure}): {message[:200]}")
+    session.emit("warning", f"experiment {e.number}: {what} ({failure}): {message[:200]}")

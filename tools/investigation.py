@@ -29,8 +29,8 @@ LOG_LINES = 60
 def _experiment(method: Method, experiment_id: int | None) -> m.Experiment:
     e = method.experiment(experiment_id) if experiment_id is not None else method.best()
     if e is None:
-        ids = ", ".join(str(x.id) for x in method.experiments) or "none yet"
-        raise ModelRetry(f"no experiment {experiment_id}; experiments: {ids}")
+        ids = ", ".join(str(x.number) for x in method.experiments) or "none yet"
+        raise ModelRetry(f"no experiment {method.number(experiment_id) or experiment_id}; experiments: {ids}")
     return e
 
 

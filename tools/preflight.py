@@ -8,6 +8,12 @@ does not exist, a flag the engine refuses (unknown, removed, ambiguous, invalid)
 a plan item are errors; a flag the engine accepts but reads nowhere (no-op), a deprecated one, and a plan check's
 warning are warnings; where the profiles and the audit's verdicts came from, and what is not available for this
 target (the twin's predictions without calibrated profiles), are info.
+
+An error of the target or of the plan as a whole (a profile, the engine version, a base flag) stops every campaign
+before its baseline, so `check_runnable` refuses such a plan before a session exists (`pivot run`, `pivot demo`,
+the TUI's new session, a session a command creates from a plan). An item's error stops that item only: the
+campaign rules out an item whose flags the engine refuses before any launch, and carries a plan check's error in
+the item's document, so those are shown and the campaign goes on.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from agent import models as m
-from agent.errors import PivotError
+from agent.errors import PivotError, PlanError
 from tools.profiles.target import hardware_profile_for, model_profile_for
 
 Severity = Literal["error", "warning", "info"]
@@ -120,6 +126,18 @@ def _has_predictor(plan: m.Plan, options: Mapping[str, Any]) -> bool:
         return False
 
 
+def _base_values(plan: m.Plan) -> list[PlanProblem]:
+    """Base flags whose values no server can start with (a memory fraction outside (0, 1]): errors of the target."""
+    from tools.analysis.common import flag_value
+    from tools.analysis.plan_checks import mem_fraction_problem
+
+    fraction = flag_value(plan.target.base_config(), "--mem-fraction-static")
+    if fraction is None or (why := mem_fraction_problem(fraction)) is None:
+        return []
+    return [PlanProblem(severity="error", where="target.flags", check="plan-check",
+                        message=f"--mem-fraction-static {fraction}: {why}", flag="--mem-fraction-static")]  # fmt: skip
+
+
 def preflight(plan: m.Plan, engine_options: Mapping[str, Any] | None = None) -> list[PlanProblem]:
     """The profiles, the audit of the base flags and of every item's flags (by the plan's engine built with
     `engine_options`), and the plan checks; errors first."""
@@ -127,6 +145,7 @@ def preflight(plan: m.Plan, engine_options: Mapping[str, Any] | None = None) -> 
 
     problems, calibrated = _profiles(plan.target)
     problems += _audit(plan, engine_options or {})
+    problems += _base_values(plan)
     if calibrated is not None:
         if not _has_predictor(plan, engine_options or {}):
             why = f"the {plan.target.engine} engine offers no predictor for it"
@@ -149,3 +168,63 @@ def preflight(plan: m.Plan, engine_options: Mapping[str, Any] | None = None) -> 
                 )
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(problems, key=lambda p: order[p.severity])  # stable: plan order within a severity
+
+
+SIMULATED_ENGINES = ("sim", "sim-http")  # their GPUs and model are the profiles': nothing to download later
+
+
+def blocks_run(problem: PlanProblem, plan: m.Plan | None = None, engine: str | None = None) -> bool:
+    """Whether a problem stops every campaign on the plan (run with `engine`, default the plan's): an error of the
+    target or of the plan as a whole. A model no profile names and whose config.json is not here yet does not, on a
+    real engine: the engine may download it, and its profile is generated once it is there."""
+    if problem.severity != "error" or problem.where.startswith("item "):
+        return False
+    if problem.where == "target.model_profile" and plan is not None and not plan.target.model_profile:
+        return (engine or plan.target.engine) in SIMULATED_ENGINES
+    return True
+
+
+def check_runnable(
+    plan: m.Plan, engine_options: Mapping[str, Any] | None = None, engine: str | None = None
+) -> list[PlanProblem]:
+    """`preflight` (the plan's engine built with `engine_options`), refusing the plan (PlanError, before any session
+    or server exists) when an error of its target or of the plan as a whole would stop a campaign run with `engine`
+    (default the plan's); returns the item errors and warnings for the caller to show."""
+    problems = preflight(plan, engine_options)
+    blocking = [p for p in problems if blocks_run(p, plan, engine)]
+    if blocking:
+        where = _ref(plan)
+        shown = "; ".join(f"{p.where}: {p.message.rstrip('.')}" for p in blocking[:3])
+        more = f" (and {len(blocking) - 3} more)" if len(blocking) > 3 else ""
+        raise PlanError(
+            f"the plan {where} cannot run: {shown}{more}; no session was recorded",
+            hint=f"`pivot plan check {where}` lists every problem; fix the target and run again",
+        )
+    return [p for p in problems if p.severity != "info"]
+
+
+def item_errors_note(plan: m.Plan, problems: list[PlanProblem]) -> str | None:
+    """One line on the item errors a campaign goes on with (what it does with each), or None when there are none."""
+    refused = sorted({p.where.removeprefix("item ") for p in problems if p.severity == "error" and p.check == "audit"
+                      and p.where.startswith("item ")})  # fmt: skip
+    claims = sorted({p.where.removeprefix("item ") for p in problems if p.severity == "error"
+                     and p.check == "plan-check" and p.where.startswith("item ")})  # fmt: skip
+    if not refused and not claims:
+        return None
+    parts = []
+    if refused:
+        parts.append(f"{', '.join(refused)} (flags the engine refuses: ruled out before any launch)")
+    if claims:
+        parts.append(f"{', '.join(claims)} (a physics or direction error: its document says so)")
+    return f"plan check: errors in items {'; '.join(parts)}; `pivot plan check {_ref(plan)}` shows them"
+
+
+def _ref(plan: m.Plan) -> str:
+    """How a user names the plan: a shipped plan by its name, another by its file."""
+    from pathlib import Path
+
+    from agent.plans import bundled_plans_dir
+
+    if plan.source and Path(plan.source).resolve().parent != bundled_plans_dir().resolve():
+        return plan.source
+    return plan.name

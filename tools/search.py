@@ -252,7 +252,7 @@ class Surrogate:
                 else "uncorrected: nothing measured yet at this level"
             )
             against = f"the twin's {ref:,.0f} for the best configuration" + (
-                f" (experiment {self.best.id}, measured {self.best_tok:,.0f})"
+                f" (experiment {self.best.number}, measured {self.best_tok:,.0f})"
                 if self.best is not None and self.best_tok
                 else ""
             )
@@ -421,8 +421,9 @@ def candidates(method: Method, d: Decision, surrogate: Surrogate | None = None) 
         if kind == "retest":
             last = method.final(it)[-1]
             why = (
-                f"retest of {it.id} on the new best (experiment {sur.best.id if sur.best else '?'}): "
-                f"{reports.VERDICT_WORDS[last.verdict]} on top of experiment {last.base_experiment_id}; {est.note}"
+                f"retest of {it.id} on the new best (experiment {sur.best.number if sur.best else '?'}): "
+                f"{reports.VERDICT_WORDS[last.verdict]} on top of experiment {method.number(last.base_experiment_id)}; "
+                f"{est.note}"
             )
         out.append(Candidate((it.id,), est, kind, {it.id: est.change_pct}, why))
     modelled = [it.id for it in items if alone[it.id].source == "twin" and not alone[it.id].crash]

@@ -19,6 +19,7 @@ from agent.session import LiveServer, Session
 from tools.executors.task import telling_line
 from tools.experiments import audit_issues, proposed_config, record_failed, record_step, refusal
 from tools.method import Judgement, Method
+from tools.numbering import number_of
 
 toolset: FunctionToolset[Session] = FunctionToolset(id="server", max_retries=3)
 
@@ -145,7 +146,10 @@ def _launch(session: Session, method: Method, e: m.Experiment) -> LaunchResult:
     stopped = session.stop_live()
     if stopped is not None:
         _mark_stopped(session, stopped)
-        session.emit("info", f"stopped the server of experiment {stopped.experiment_id} first (one at a time)")
+        session.emit(
+            "info",
+            f"stopped the server of experiment {number_of(session, stopped.experiment_id)} first (one at a time)",
+        )
     runs = method.run_count(e)
     engine = session.engine_for(session.settings.seed + 100 * eid + runs)
     issues = engine.validate(e.config)
@@ -168,7 +172,7 @@ def _launch(session: Session, method: Method, e: m.Experiment) -> LaunchResult:
             update={"status": "running", "audit": issues, "started_at": e.started_at or m.utcnow(), "failure": None}
         )
     )
-    session.emit("progress", f"experiment {eid}: launching {engine.name} with {e.config}")
+    session.emit("progress", f"experiment {e.number}: launching {engine.name} with {e.config}")
     try:
         deployment = launch_in_session(session, e.config, engine=engine, experiment_id=eid, issues=issues)
     except FlagsRefused as err:  # the engine's own audit disagreed with ours: record it the same way
@@ -182,7 +186,7 @@ def _launch(session: Session, method: Method, e: m.Experiment) -> LaunchResult:
         e = store.update_experiment(e.model_copy(update={"log_path": session.paths.relative(deployment.log_path)}))
     try:
         deployment.wait_ready(
-            engine.ready_timeout_s, lambda line: session.emit("progress", f"experiment {eid}: {line}")
+            engine.ready_timeout_s, lambda line: session.emit("progress", f"experiment {e.number}: {line}")
         )
     except PivotError as err:
         failure = err.failure if isinstance(err, LaunchFailed) else deployment.failure or "unknown"
@@ -192,7 +196,7 @@ def _launch(session: Session, method: Method, e: m.Experiment) -> LaunchResult:
         record_failed(session, e, failure, why or err.message)
         return LaunchResult(status="failed", failure=failure, message=err.message, log_tail=tail, **common)
     session.live = LiveServer(deployment=deployment, experiment_id=eid, config=e.config, runs_at_start=runs)
-    session.emit("info", f"experiment {eid}: server ready at {deployment.base_url}")
+    session.emit("info", f"experiment {e.number}: server ready at {deployment.base_url}")
     return LaunchResult(status="ready", base_url=deployment.base_url, log_tail=deployment.log_tail(3), **common)
 
 
@@ -215,7 +219,7 @@ def stop_server(ctx: RunContext[Session]) -> ServerState:
     live = session.stop_live()
     if live is not None:
         _mark_stopped(session, live)
-        session.emit("info", f"experiment {live.experiment_id}: server stopped")
+        session.emit("info", f"experiment {number_of(session, live.experiment_id)}: server stopped")
     return _state(session)
 
 
@@ -296,7 +300,7 @@ def run_experiments(ctx: RunContext[Session], experiments: list[StepMember]) -> 
         args = member.model_dump(exclude={"plan_items", "runs", "revert_items"})
         e = record_step(session, method, **args, plan_items=member.plan_items, reverts=member.revert_items)
         if any(x.id == e.id for x in recorded):
-            raise ModelRetry(f"experiment {e.id} is named twice in this step")
+            raise ModelRetry(f"experiment {e.number} is named twice in this step")
         recorded.append(e)
     entries = run_batch(session, recorded, [member.runs for member in experiments])
     method = Method.read(session.store, session.id)

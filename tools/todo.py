@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 from pydantic_ai import FunctionToolset, ModelRetry, RunContext
 
+from agent.errors import PivotError
 from agent.models import Plan, PlanItem, Todo
 from agent.session import Session
 
@@ -60,4 +61,9 @@ def plan_read(ctx: RunContext[Session], item_id: str | None = None) -> Plan | Pl
     With `item_id` such as "02": that item (tier, kind, flags or change, hypothesis, expected impact, risks).
     """
     plan = ctx.deps.plan
-    return plan if item_id is None else plan.item(item_id)
+    if item_id is None:
+        return plan
+    try:
+        return plan.item(item_id)
+    except PivotError as e:  # the model named an item the plan lacks: it corrects the call, the run goes on
+        raise ModelRetry(f"{e.message}; {e.hint}") from e

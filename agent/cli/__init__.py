@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.cli import plans, sessions, tools  # noqa: F401  (their commands register on the group)
-from agent.cli.base import Home, PivotGroup, cli, pass_home
+from agent.cli.base import Home, PivotGroup, add_home_option, cli, pass_home
 from agent.cli.bench import bench
 from agent.cli.chat import chat
 from agent.cli.engine_tools import audit_flags_cmd, power, profile
@@ -31,6 +31,8 @@ for command in (
     microbench, demo, run_cmd, resume, chat, mcp_cmd,
 ):  # fmt: skip
     cli.add_command(command)
+for command in cli.commands.values():
+    add_home_option(command)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -20,6 +20,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 from rich.text import Text
 
+from agent.cli.base import validation_text
+from agent.cli.options import Number, field_number
 from agent.console import err, out, print_json, warn
 from agent.errors import PivotError
 from agent.models import BenchLevel, BenchResult, BenchSpec, parse_levels, parse_slos
@@ -187,8 +189,7 @@ def _spec(**given: Any) -> BenchSpec:
     try:
         return BenchSpec(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise PivotError(f"bad benchmark settings: {problems}") from e
+        raise PivotError(f"bad benchmark settings: {validation_text(e)}") from e
 
 
 # The options of `pivot bench`, in the order --help lists them (BenchSpec's defaults apply to those not given).
@@ -209,26 +210,34 @@ BENCH_OPTIONS: list[Callable[[Any], Any]] = [
         help="Concurrency levels to sweep, e.g. 1,64,256 (default 1,64,256).",
     ),
     click.option(
-        "--input-len", "--random-input-len", "input_len", type=click.IntRange(min=1), help="Input tokens (1024)."
+        "--input-len",
+        "--random-input-len",
+        "input_len",
+        type=field_number(BenchSpec, "random_input_len"),
+        help="Input tokens (1024).",
     ),
     click.option(
-        "--output-len", "--random-output-len", "output_len", type=click.IntRange(min=1), help="Output tokens (1024)."
+        "--output-len",
+        "--random-output-len",
+        "output_len",
+        type=field_number(BenchSpec, "random_output_len"),
+        help="Output tokens (1024).",
     ),
     click.option(
         "--range-ratio",
         "--random-range-ratio",
         "range_ratio",
-        type=click.FloatRange(0.0, 1.0),
+        type=field_number(BenchSpec, "random_range_ratio"),
         help="Lengths ~ uniform[max(int(L*R), 1), L], as bench_serving (0.0; 1.0 gives exactly L).",
     ),
     click.option(
         "--num-prompts",
-        type=click.IntRange(min=1),
+        type=field_number(BenchSpec, "num_prompts"),
         help="Prompts per level (default: 2 x concurrency, at least 8).",
     ),
     click.option(
         "--request-rate",
-        type=click.FloatRange(min=0.0, min_open=True),
+        type=field_number(BenchSpec, "request_rate", allow_inf=True),
         help="Requests per second, Poisson arrivals (default inf: all at once).",
     ),
     click.option(
@@ -236,19 +245,27 @@ BENCH_OPTIONS: list[Callable[[Any], Any]] = [
         type=click.Choice(["random-ids", "random"]),
         help="random-ids: token ids (text for chat); random: text. Default random-ids.",
     ),
-    click.option("--warmup-requests", type=click.IntRange(min=0), help="Warmup requests per level, not counted (1)."),
-    click.option("--seed", type=int, help="Random seed (42, as bench_serving)."),
+    click.option(
+        "--warmup-requests",
+        type=field_number(BenchSpec, "warmup_requests"),
+        help="Warmup requests per level, not counted (1).",
+    ),
+    click.option("--seed", type=field_number(BenchSpec, "seed"), help="Random seed (42, as bench_serving)."),
     click.option("--disable-ignore-eos", is_flag=True, help="Let requests stop at EOS (as bench_serving's flag)."),
     click.option(
-        "--request-timeout-s", type=click.FloatRange(min=0.0, min_open=True), help="Per-request timeout in s (600)."
+        "--request-timeout-s",
+        type=field_number(BenchSpec, "request_timeout_s"),
+        help="Per-request timeout in s (600).",
     ),
     click.option("--model", help="Model name in OpenAI requests (default: the first of GET /v1/models, if any)."),
     click.option(
         "--vocab-size",
-        type=click.IntRange(min=2),
+        type=Number(int, min=2, max=2**31 - 1),
         default=32000,
         show_default=True,
-        help="Random token ids stay below this; the model's vocabulary size gives bench_serving's exact prompts.",
+        help="Random token ids (generate, completions) are drawn below this: give the model's vocabulary size "
+        "(`vocab_size` in its config.json) for bench_serving's exact prompts, and so that no id is one the model does "
+        "not know (a server answering 'token id out of vocabulary' needs it).",
     ),
     click.option(
         "--output-file",

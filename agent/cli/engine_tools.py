@@ -10,6 +10,7 @@ import click
 
 from agent import models as m
 from agent.cli.engines import ENGINE
+from agent.cli.options import Number, field_number
 from agent.console import dump, err, make_table, out, print_json, warn
 from agent.errors import PivotError
 from agent.session import Paths
@@ -129,7 +130,7 @@ def _caption(t: m.Telemetry) -> str:
 
 @click.command("power")
 @click.option("--watch", is_flag=True, help="Refresh until Ctrl-C.")
-@click.option("--interval", "interval_s", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
+@click.option("--interval", "interval_s", type=Number(float, min=0.05, max=3600.0), default=1.0, show_default=True,
               help="Seconds between refreshes with --watch.")  # fmt: skip
 @click.option("--base-url", help="Read the twin's simulated GPUs (`pivot sim serve` at this URL) instead of NVML.")
 @click.option("--gpus", help="GPU indices to read, e.g. 0,1 (default: all).")
@@ -203,12 +204,34 @@ def profile_table(s: m.ProfileSummary):
 @click.option("--base-url", help="Profile this server under a short load (SGLang, or `pivot sim serve`).")
 @click.option("--trace", "trace", type=click.Path(exists=True), help="Summarize existing trace file(s) instead.")
 @click.option(
-    "--concurrency", type=click.IntRange(min=1), default=64, show_default=True, help="The load's concurrency."
+    "--concurrency",
+    type=field_number(m.BenchSpec, "num_prompts"),
+    default=64,
+    show_default=True,
+    help="The load's concurrency.",
 )
-@click.option("--num-prompts", type=click.IntRange(min=1), help="Prompts in the load (default: 2 x concurrency).")
-@click.option("--input-len", type=click.IntRange(min=1), default=256, show_default=True, help="Input tokens.")
-@click.option("--output-len", type=click.IntRange(min=1), default=128, show_default=True, help="Output tokens.")
-@click.option("--num-steps", type=click.IntRange(min=1), help="Let SGLang stop profiling by itself after N steps.")
+@click.option(
+    "--num-prompts",
+    type=field_number(m.BenchSpec, "num_prompts"),
+    help="Prompts in the load (default: 2 x concurrency).",
+)
+@click.option(
+    "--input-len",
+    type=field_number(m.BenchSpec, "random_input_len"),
+    default=256,
+    show_default=True,
+    help="Input tokens.",
+)
+@click.option(
+    "--output-len",
+    type=field_number(m.BenchSpec, "random_output_len"),
+    default=128,
+    show_default=True,
+    help="Output tokens.",
+)
+@click.option(
+    "--num-steps", type=Number(int, min=1, max=1_000_000), help="Let SGLang stop profiling by itself after N steps."
+)
 @click.option(
     "--output-dir", type=click.Path(file_okay=False), help="Where the server writes traces (default: state/profiles)."
 )

@@ -19,6 +19,7 @@ from rich.status import Status
 
 from agent import models as m
 from agent.cli.bench import EXIT_INTERRUPTED, _ProgressView, _report, _spec
+from agent.cli.options import PORT, SECONDS, field_number
 from agent.console import dump, err, make_table, out, print_json, warn
 from agent.contracts import Deployment, engine_names, load_engine
 from agent.errors import PivotError
@@ -92,11 +93,11 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
                 "--plan", "plan_ref", help="Plan of a new session (default: $PIVOT_DEMO_PLAN, else the demo's)."
             ),
             click.option("--host", help="Address the server binds to (default 127.0.0.1)."),
-            click.option("--port", type=click.IntRange(1, 65535), help="Port (default: a free one)."),
+            click.option("--port", type=PORT, help="Port (default: a free one)."),
             click.option(
                 "--timeout-s",
                 "timeout_s",
-                type=click.FloatRange(min=0.0, min_open=True),
+                type=SECONDS,
                 help="Seconds to wait for the server to be ready (default: the engine's).",
             ),
             click.option("--force", is_flag=True, help="Launch even when the flag audit finds flags it would refuse."),
@@ -116,7 +117,10 @@ def _open_session(ctx: click.Context, session_ref: str | None, plan_ref: str | N
             raise PivotError("give --session or --plan, not both")
         session = Session.open(home.store, home.paths, session_ref)
     else:
+        from tools.preflight import check_runnable
+
         plan = load_plan(plan_ref or settings().demo_plan)
+        check_runnable(plan, engine=engine_name)  # a target with an error is refused before a session exists
         session = Session.create(
             home.store, home.paths, plan, name=f"{ctx.info_name} {engine_name}", engine_name=engine_name
         )
@@ -241,11 +245,13 @@ def serve(ctx, engine_name, option_pairs, session_ref, plan_ref, host, port, tim
 @engine_options
 @click.option("--concurrency", "levels", default="1,64,256", show_default=True, help="Levels, e.g. 1,64,256.")
 @click.option("--endpoint", type=click.Choice(["generate", "completions", "chat"]), help="Default generate.")
-@click.option("--input-len", type=click.IntRange(min=1), help="Random input tokens (1024).")
-@click.option("--output-len", type=click.IntRange(min=1), help="Random output tokens (1024).")
-@click.option("--range-ratio", type=click.FloatRange(0.0, 1.0), help="bench_serving's --random-range-ratio (0.0).")
-@click.option("--num-prompts", type=click.IntRange(min=1), help="Prompts per level (default 2 x concurrency, >= 8).")
-@click.option("--seed", type=int, help="Workload seed (42).")
+@click.option("--input-len", type=field_number(m.BenchSpec, "random_input_len"), help="Random input tokens (1024).")
+@click.option("--output-len", type=field_number(m.BenchSpec, "random_output_len"), help="Random output tokens (1024).")
+@click.option("--range-ratio", type=field_number(m.BenchSpec, "random_range_ratio"),
+              help="bench_serving's --random-range-ratio (0.0).")  # fmt: skip
+@click.option("--num-prompts", type=field_number(m.BenchSpec, "num_prompts"),
+              help="Prompts per level (default 2 x concurrency, >= 8).")  # fmt: skip
+@click.option("--seed", type=field_number(m.BenchSpec, "seed"), help="Workload seed (42).")
 @click.option(
     "--disable-ignore-eos", is_flag=True, help="Let requests stop at EOS (strict OpenAI servers refuse ignore_eos)."
 )

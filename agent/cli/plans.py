@@ -37,14 +37,15 @@ def plan_check(plan_ref: str, option_pairs: tuple[str, ...], as_json: bool) -> N
     is an error.
     """
     from agent.cli.engines import _engine_options
-    from tools.preflight import preflight
+    from tools.preflight import blocks_run, preflight
 
     p = load_plan(plan_ref)
     problems = preflight(p, _engine_options(option_pairs, None, None))
     errors = [x for x in problems if x.severity == "error"]
     warnings = [x for x in problems if x.severity == "warning"]
+    blocking = [x for x in errors if blocks_run(x, p)]
     if as_json:
-        print_json({**dump(p), "problems": [x.model_dump() for x in problems]})
+        print_json({**dump(p), "problems": [{**x.model_dump(), "blocks_run": blocks_run(x, p)} for x in problems]})
         if errors:
             raise SystemExit(1)
         return
@@ -83,9 +84,18 @@ def plan_check(plan_ref: str, option_pairs: tuple[str, ...], as_json: bool) -> N
         checks.add_row(x.severity, x.where, x.check, x.message)
     if problems:
         out.print(checks)
+    if blocking:
+        verdict = ": `pivot run` refuses this plan until the errors of its target are fixed"
+    elif errors:
+        verdict = (
+            ": fix the errors before a launch spends GPU time on them (a campaign rules out an item whose flags the "
+            "engine refuses before any launch, and carries an item's plan-check error in its document)"
+        )
+    else:
+        verdict = ""
     out.print(
         f"{len(errors)} error{'s' if len(errors) != 1 else ''}, {len(warnings)} warning{'s' if len(warnings) != 1 else ''}"
-        + (": fix the errors before a launch spends GPU time on them" if errors else "")
+        + verdict
     )
     if errors:
         raise SystemExit(1)

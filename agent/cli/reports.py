@@ -1,17 +1,30 @@
 """`pivot summary`, `pivot docs`, `pivot analyze` and `pivot import`: reports from the ledger, and results run by hand.
 
-Reports are rebuilt from the ledger without taking the session's lock (a live run may hold it); a file you
-edited by hand is never overwritten, and the command says where the new version went.
+A command that writes a session's documents or findings takes the session's lock while it writes, so it never
+rewrites a file a live campaign is writing (a live pivot holds the lock; the command says so and changes
+nothing); `pivot docs --no-write` and `pivot show` only read. A file you edited by hand is never overwritten, and
+the command says where the new version went.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
 import click
 
 from agent import models as m
+from agent.cli.options import Number
 from agent.console import dump, err, make_table, out, print_json, warn
 from agent.errors import PivotError, SessionNotFound
-from tools.reports import SessionRef, list_documents, write_improvement_docs, write_status_summary
+from tools.reports import (
+    SessionRef,
+    latest_status_doc,
+    list_documents,
+    write_improvement_docs,
+    write_status_summary,
+)
 
 
 def _home(ctx: click.Context):
@@ -30,6 +43,33 @@ def _analyse(ref: SessionRef, experiment_id: int | None = None, *, quiet: bool =
         if not quiet:
             warn(f"analysis skipped: {e.message}" + (f" ({e.hint})" if e.hint else ""))
         return None
+
+
+@contextmanager
+def _locked(home: Any, session_id: str) -> Iterator[SessionRef]:
+    """The session, locked for this process while a report is written (SessionLocked when a live pivot holds it)."""
+    notice = home.store.acquire_session(session_id)
+    try:
+        ref = SessionRef(home.store, home.paths, session_id)
+        if notice:
+            ref.notices.append(notice)
+        yield ref
+    finally:
+        home.store.release_session(session_id)
+
+
+def _ledger_id(home: Any, session_id: str, number: int | None) -> int | None:
+    """The ledger's id of the session's experiment `number` (as reports show it); a clear error when there is none."""
+    if number is None:
+        return None
+    e = home.store.experiment_by_number(session_id, number)
+    if e is None:
+        count = len(home.store.experiments(session_id))
+        raise PivotError(
+            f"session {session_id} has no experiment {number}",
+            hint=f"its experiments are 1 to {count}" if count else "it has no experiments yet",
+        )
+    return e.id
 
 
 def _notices(ref: SessionRef) -> None:
@@ -61,10 +101,12 @@ def summary(
     """
     home = _home(ctx)
     record = home.store.get_session(session_ref)
-    ref = SessionRef(home.store, home.paths, record.id)
-    _analyse(ref)
-    write_improvement_docs(ref)
-    doc = write_status_summary(ref, question, list(options) or None, new=new, html=html)
+    with _locked(home, record.id) as ref:
+        if question is not None and not new:
+            _refuse_rewording(ref)
+        _analyse(ref)
+        write_improvement_docs(ref)
+        doc = write_status_summary(ref, question, list(options) or None, new=new, html=html)
     path = home.paths.home / doc.path
     html_path = path.with_suffix(".html") if html else None
     if html_path is not None and not html_path.exists():  # the .md went beside an edited file
@@ -78,6 +120,19 @@ def summary(
     _notices(ref)
     err.print(f"status summary: {path}" + (f"\nHTML: {html_path}" if html_path else ""))
     click.echo(text, nl=False)
+
+
+def _refuse_rewording(ref: SessionRef) -> None:
+    """A summary that went with an open pivot keeps its question: answering its options from the file must do what
+    the ledger's pivot says."""
+    pivot = ref.store.open_pivot(ref.id)
+    latest = latest_status_doc(ref.store.documents(ref.id))
+    if pivot is not None and latest is not None and pivot.summary_path == latest.path:
+        raise PivotError(
+            f"{latest.path} goes with the open pivot, whose question it keeps",
+            hint=f"answer it with `pivot resume {ref.id} --answer ...`, or give --new to write another summary with "
+            "your question",
+        )
 
 
 @click.command()
@@ -95,7 +150,8 @@ def docs(ctx: click.Context, session_ref: str, no_write: bool, as_json: bool) ->
     record = home.store.get_session(session_ref)
     ref = SessionRef(home.store, home.paths, record.id)
     if not no_write:
-        write_improvement_docs(ref)
+        with _locked(home, record.id) as ref:
+            write_improvement_docs(ref)
     documents = list_documents(ref)
     if as_json:
         print_json([dump(d) for d in documents])
@@ -104,15 +160,21 @@ def docs(ctx: click.Context, session_ref: str, no_write: bool, as_json: bool) ->
     if not documents:
         out.print(f"No documents for session {record.id} yet.")
         return
+    numbers = {e.id: e.number for e in home.store.experiments(record.id)}  # what reports call them
     table = make_table("document", "kind", "status", "experiments")
     for d in documents:
-        table.add_row(d.path, d.kind, d.status, ", ".join(f"#{i}" for i in d.experiment_ids))
+        table.add_row(d.path, d.kind, d.status, ", ".join(f"#{numbers.get(i, i)}" for i in d.experiment_ids))
     out.print(table)
 
 
 @click.command()
 @click.argument("session_ref", metavar="SESSION")
-@click.option("--experiment", "experiment_id", type=int, help="The experiment to analyse (default: the best).")
+@click.option(
+    "--experiment",
+    "experiment_id",
+    type=Number(int, min=1, max=2**62),
+    help="The experiment to analyse, by its number in the session as reports show it (default: the best).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the analysis as JSON on stdout.")
 @click.pass_context
 def analyze(ctx: click.Context, session_ref: str, experiment_id: int | None, as_json: bool) -> None:
@@ -121,14 +183,14 @@ def analyze(ctx: click.Context, session_ref: str, experiment_id: int | None, as_
 
     home = _home(ctx)
     record = home.store.get_session(session_ref)
-    ref = SessionRef(home.store, home.paths, record.id)
-    result = analysis.analyze(ref, experiment_id)
-    claims = analysis.check_plan(ref)
+    with _locked(home, record.id) as ref:
+        result = analysis.analyze(ref, _ledger_id(home, record.id, experiment_id))
+        claims = analysis.check_plan(ref)
     if as_json:
         print_json({"analysis": dump(result), "plan_checks": [dump(c) for c in claims]})
         return
     title = m.BOTTLENECK_TITLES.get(result.bottleneck or "", "none")
-    out.print(f"[bold]experiment #{result.experiment_id}[/]: {title}", markup=True)
+    out.print(f"[bold]experiment #{home.store.get_experiment(result.experiment_id).number}[/]: {title}", markup=True)
     if result.bottleneck is None:
         out.print(f"  {result.summary}")
         for f in result.findings:
@@ -152,7 +214,12 @@ def analyze(ctx: click.Context, session_ref: str, experiment_id: int | None, as_
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--label", required=True, help="A name for this experiment, e.g. 'tp8 mrr2048'.")
 @click.option("--flags", help='The server\'s flags as launched, e.g. "--tp-size 8 --max-running-requests 2048".')
-@click.option("--base", "base_id", type=int, help="The experiment this run changed, for before/after comparisons.")
+@click.option(
+    "--base",
+    "base_id",
+    type=Number(int, min=1, max=2**62),
+    help="The experiment this run changed (its number in the session), for before/after comparisons.",
+)
 @click.option(
     "--plan",
     "plan_ref",
@@ -193,7 +260,10 @@ def import_cmd(
                 hint=f"add --plan NAME to create it (`pivot plan list` shows the shipped plans), e.g. "
                 f"pivot import {session_ref} {file} --label {label!r} --plan glm5-nvfp4-rtxpro6000x8",
             ) from None
+        from tools.preflight import check_runnable
+
         plan = load_plan(plan_ref)
+        check_runnable(plan)  # a target with an error is refused before a session exists
         with Session.create(store, home.paths, plan, name=session_ref, engine_name=plan.target.engine) as s:
             record = s.record
         created = True
@@ -201,7 +271,13 @@ def import_cmd(
         for notice in session.notices:
             warn(notice)
         result = import_bench_serving(
-            store, home.paths, session.id, file, label=label, flags=flags, base_experiment_id=base_id
+            store,
+            home.paths,
+            session.id,
+            file,
+            label=label,
+            flags=flags,
+            base_experiment_id=_ledger_id(home, session.id, base_id),
         )
     if as_json:
         print_json({**dump(result), "created_session": created})
@@ -215,7 +291,7 @@ def import_cmd(
     what = " (the session's baseline)" if result.baseline else ""
     out.print(
         f"imported {len(result.levels)} runs (concurrency {', '.join(map(str, result.levels))}) as experiment "
-        f"#{result.experiment_id}{what} into session {result.session_id}; "
+        f"#{store.get_experiment(result.experiment_id).number} {label!r}{what} into session {result.session_id}; "
         f"{len(result.skipped)} line{'s' if len(result.skipped) != 1 else ''} skipped. "
         f"Next: pivot summary {result.session_id}"
     )

@@ -16,9 +16,10 @@ from agent import defaults
 from agent import models as m
 from agent.cli.engines import ENGINE, _engine_options
 from agent.cli.mcp_options import check_investigator, mcp_options, settings_update, with_mcp_options
+from agent.cli.options import NOISE, SEED, field_number
 from agent.console import err, out, print_json, warn
-from agent.defaults import default_model, session_settings, setting
-from agent.errors import PivotError
+from agent.defaults import SIMULATED, default_model, session_settings, setting, simulated_gpus
+from agent.errors import Interrupted, PivotError
 from agent.plans import load_plan
 from agent.session import Session
 from agent.text import printable
@@ -65,8 +66,12 @@ def _start(
         plan = plan.model_copy(update={"workload": workload})
     if objective:
         plan = plan.with_objective(objective_of(plan.objective, **objective))
+    note = check_plan(plan, engine, settings)
     _preflight(engine, plan)
+    _check_engine(engine, settings)
     model_name = default_model(method["model"])
+    if method["model_base_url"] is not None:  # checked before it is stored: no key in it, a port in range
+        method["model_base_url"] = loop.check_model_base_url(method["model_base_url"])
     if model_name != loop.AUTOPILOT:  # a missing key fails here, before a session is recorded for nothing
         loop.provider_model(model_name, method["model_base_url"])
     check_investigator(method.get("investigator_model"))
@@ -89,10 +94,12 @@ def _start(
         raise
     session.executor = executor
     err.print(f"session {session.id}: plan {plan.name}, engine {engine}, model {model_name}", highlight=False)
+    if note:  # said, not warned: the campaign handles them (the seeds' plan has two, on purpose)
+        err.print(note, highlight=False, soft_wrap=True)
     _record_profiles(session)
     with session:
         _install_signals()
-        outcome = loop.run(session)
+        outcome = _run_loop(session)
     _report(session, outcome, method["as_json"])
 
 
@@ -108,6 +115,35 @@ def _record_profiles(session: Session) -> None:
         return
     if profiles.generated:
         err.print("profiles: " + "; ".join(profiles.notes), highlight=False)
+
+
+def _run_loop(session: Session, answer: str | None = None) -> Any:
+    """The agent loop on `session`; Ctrl-C is one line with the command that goes on where it stopped."""
+    from agent import loop
+
+    try:
+        return loop.run(session, answer=answer)
+    except KeyboardInterrupt:
+        raise Interrupted(
+            f"interrupted: session {session.id} stopped; everything it recorded is kept (the step cut short is redone)",
+            hint=f"pivot resume {session.id} goes on where it stopped",
+        ) from None
+
+
+def check_plan(plan: m.Plan, engine: str, settings: m.SessionSettings) -> str | None:
+    """Refuse a plan whose target has an error before a session exists; the line on the item errors the campaign
+    handles (an item the engine refuses is ruled out before any launch), said once the session exists."""
+    from tools.preflight import check_runnable, item_errors_note
+
+    options = settings.engine_options if engine == plan.target.engine else {}  # the audit's engine is the plan's
+    return item_errors_note(plan, check_runnable(plan, options, engine))
+
+
+def _check_engine(engine: str, settings: m.SessionSettings) -> None:
+    """Build the engine once with the session's options, so an option it refuses is one line before a session."""
+    from agent.contracts import load_engine
+
+    load_engine(engine, **settings.engine_options)
 
 
 def _preflight(engine: str, plan: m.Plan) -> None:
@@ -222,17 +258,17 @@ def _executor_options(resume: bool = False) -> list[Any]:
         ),
         click.option(
             "--parallel",
-            type=click.IntRange(min=1),
+            type=field_number(m.SessionSettings, "parallel", max=1024),
             default=None if resume else setting("parallel"),
             show_default=not resume,
             help="With --ray: run up to N independent experiments of one search step at once.",
         ),
         click.option(
             "--ray-gpus",
-            type=click.IntRange(min=0),
+            type=field_number(m.SessionSettings, "ray_gpus", max=1024),
             default=None,
-            help="With --ray local: the GPUs the local instance offers (default: those Ray detects)"
-            + ("; default: the session's." if resume else "."),
+            help="With --ray local: the GPUs the local instance offers (default: those Ray detects; a simulated engine's "
+            "are the plan's GPUs x --parallel)" + ("; default: the session's." if resume else "."),
         ),
     ]
 
@@ -268,28 +304,28 @@ def _method_options(f: Any) -> Any:
             ),
             click.option(
                 "--seed",
-                type=int,
+                type=SEED,
                 default=setting("seed"),
                 show_default=True,
                 help="Seeds the simulated engines' noise.",
             ),
             click.option(
                 "--min-gain",
-                type=float,
+                type=field_number(m.SessionSettings, "min_gain_pct", max=100),
                 default=setting("min_gain_pct"),
                 show_default=True,
                 help="Percent a change must gain (and beat the measured noise) to be adopted.",
             ),
             click.option(
                 "--reruns",
-                type=int,
+                type=field_number(m.SessionSettings, "reruns", max=20),
                 default=setting("reruns"),
                 show_default=True,
                 help="Reruns of a gain inside the noise.",
             ),
             click.option(
                 "--stall-after",
-                type=int,
+                type=field_number(m.SessionSettings, "stall_after", max=1000),
                 default=setting("stall_after"),
                 show_default=True,
                 help="Pivot after this many changes in a row without gain.",
@@ -303,7 +339,7 @@ def _method_options(f: Any) -> Any:
             ),
             click.option(
                 "--request-limit",
-                type=int,
+                type=field_number(m.SessionSettings, "request_limit", max=1_000_000),
                 default=setting("request_limit"),
                 show_default=True,
                 help="Model requests per run before pivot stops it (resume goes on).",
@@ -414,7 +450,7 @@ def _objective_options(f: Any) -> Any:
     help="An engine option, e.g. -o time_scale=200 (sim-http), -o prefix='docker exec box' (sglang, vllm).",
 )
 @click.option("--name", help="The session's name (default: the plan's).")
-@click.option("--noise", type=float, help="Simulated engines: run-to-run noise (e.g. 0.015). Default: none.")
+@click.option("--noise", type=NOISE, help="Simulated engines: run-to-run noise (e.g. 0.015). Default: none.")
 @click.option("--concurrency", "levels", help="Replace the plan's concurrency levels (e.g. 1,64,256: a shorter run).")
 @_objective_options
 @_method_options
@@ -470,6 +506,9 @@ def _resume_executor(session: Session, ray: str | None, parallel: int | None, ra
         update["ray_gpus"] = ray_gpus
     elif ray is not None and update["executor"] != "local":
         update["ray_gpus"] = None
+    elif ray is not None and session.record.engine in SIMULATED:  # the twin's GPUs are the plan's
+        gpus = int(settings.engine_options.get("gpus") or session.target.gpus)
+        update["ray_gpus"] = simulated_gpus(gpus, update.get("parallel") or settings.parallel)
     if update:
         settings = settings.model_copy(update=update)
     session.executor = _open_executor(settings)
@@ -554,5 +593,5 @@ def resume(
         _preflight(session.record.engine, session.plan)
         _resume_executor(session, ray, parallel, ray_gpus)
         _install_signals()
-        outcome = loop.run(session, answer=answer)
+        outcome = _run_loop(session, answer=answer)
     _report(session, outcome, as_json)

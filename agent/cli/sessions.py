@@ -90,7 +90,11 @@ def _change_of(session: m.Session, experiments: list[m.Experiment]) -> Callable[
 
     def change(e: m.Experiment) -> str:
         base = by_id[e.base_experiment_id].config if e.base_experiment_id in by_id else base_config
-        return str(e.config.diff(base))
+        if e.kind != "imported":
+            return str(e.config.diff(base))
+        # the label given at import, so the user finds the run they named; then its flags (against its base if any)
+        flags = str(e.config.diff(base)) if e.base_experiment_id in by_id else " ".join(e.config.argv())
+        return f"imported {e.title!r}: {flags or '(flags not given)'}" if e.title else f"imported: {flags}"
 
     return change
 
@@ -160,7 +164,9 @@ def _print_todos(todos: list[m.Todo]) -> None:
 def _print_experiments(experiments: list[m.Experiment], change: Callable[[m.Experiment], str], ledger: Any) -> None:
     out.print("\n[bold]Experiments[/]", markup=True)
     if experiments:
-        table = make_table("id", "item", "kind", "change", "status", "out tok/s (mean of runs)", "verdict", "reason")
+        table = make_table(
+            "#", "item", "kind", "change", "status", "out tok/s @judged level (mean of runs)", "verdict", "reason"
+        )
         for e in experiments:
             best_text = ledger.figure_text(e)
             reason = e.reason or ""
@@ -171,7 +177,7 @@ def _print_experiments(experiments: list[m.Experiment], change: Callable[[m.Expe
                 status += f" on {p.host}" + (f" GPUs {','.join(p.gpu_ids)}" if p.gpu_ids else "")
                 status += f" (attempt {p.attempt})" if p.attempt > 1 else ""
             table.add_row(
-                str(e.id), "+".join(e.plan_items), e.kind, change(e), status, best_text, e.verdict or "", reason
+                str(e.number), "+".join(e.plan_items), e.kind, change(e), status, best_text, e.verdict or "", reason
             )
         out.print(table)
     else:

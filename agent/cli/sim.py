@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from agent import models as m
+from agent.cli.options import GPUS, NOISE, SEED, TIME_SCALE, Number, field_number
 from agent.console import dump, err, make_table, out, print_json
 from agent.errors import PivotError
 from agent.settings import settings
@@ -38,12 +39,16 @@ def _workload(
     ):
         if value is not None:
             update[key] = value
-    return m.BenchSpec.model_validate({**base.model_dump(), **update})
+    from agent.cli.bench import _spec
+
+    return _spec(**{**base.model_dump(), **update})
 
 
 def _profile_options(f):
     twin = twin_defaults()  # the twin's defaults, one home (tools/engines/sim/options.py)
-    f = click.option("--gpus", type=int, default=twin["gpus"], show_default=True, help="GPUs on the simulated host.")(f)
+    f = click.option("--gpus", type=GPUS, default=twin["gpus"], show_default=True, help="GPUs on the simulated host.")(
+        f
+    )
     f = click.option(
         "--hardware", default=twin["hardware"], show_default=True, help="Hardware profile (name or .toml)."
     )(f)
@@ -71,13 +76,17 @@ def build_twin(model_profile: str, hardware: str, gpus: int, flags: tuple[str, .
 @click.option(
     "--concurrency", "levels", default="1,256,512,1024,2048", show_default=True, help="Levels, e.g. 1,64,256."
 )
-@click.option("--input-len", type=int, help="Random input length (default: the calibration workload's).")
-@click.option("--output-len", type=int, help="Random output length.")
-@click.option("--range-ratio", type=float, help="bench_serving's --random-range-ratio.")
-@click.option("--num-prompts", type=int, help="Prompts per level (default: one per concurrent request).")
-@click.option("--seed", type=int, help="Workload seed.")
-@click.option("--noise", type=float, default=0.0, show_default=True, help="Run-to-run variation (0.02 = about 2%).")
-@click.option("--request-rate", type=float, help="Requests per second, Poisson arrivals (default inf: all at once).")
+@click.option("--input-len", type=field_number(m.BenchSpec, "random_input_len"),
+              help="Random input length (default: the calibration workload's).")  # fmt: skip
+@click.option("--output-len", type=field_number(m.BenchSpec, "random_output_len"), help="Random output length.")
+@click.option("--range-ratio", type=field_number(m.BenchSpec, "random_range_ratio"),
+              help="bench_serving's --random-range-ratio.")  # fmt: skip
+@click.option("--num-prompts", type=field_number(m.BenchSpec, "num_prompts"),
+              help="Prompts per level (default: one per concurrent request).")  # fmt: skip
+@click.option("--seed", type=field_number(m.BenchSpec, "seed"), help="Workload seed.")
+@click.option("--noise", type=NOISE, default=0.0, show_default=True, help="Run-to-run variation (0.02 = about 2%).")
+@click.option("--request-rate", type=field_number(m.BenchSpec, "request_rate", allow_inf=True),
+              help="Requests per second, Poisson arrivals (default inf: all at once).")  # fmt: skip
 @click.option("--goodput", multiple=True, metavar="METRIC:MS",
               help="SLOs per request in ms, as SGLang's benchmark takes them: --goodput ttft:500 tpot:50 (adds "
                    "request goodput, SLO attainment overall and per SLO, and token goodput per level).")  # fmt: skip
@@ -101,12 +110,8 @@ def predict(model_profile, hardware, gpus, levels, input_len, output_len, range_
     if slos:
         update["goodput_slos_ms"] = slos
     if request_rate is not None:
-        if not request_rate > 0:
-            raise PivotError("--request-rate must be > 0 (requests per second)")
         update["request_rate"] = request_rate
     spec = spec.model_copy(update=update) if update else spec
-    if noise < 0:
-        raise PivotError("--noise must be >= 0")
     twin = build_twin(model_profile, hardware, gpus, flags)
     results = twin.predict(spec, noise=noise)
     if as_json:
@@ -170,12 +175,12 @@ def predict(model_profile, hardware, gpus, levels, input_len, output_len, range_
 
 @sim.command(context_settings={"ignore_unknown_options": True})
 @_profile_options
-@click.option("--time-scale", type=float, default=1.0, show_default=True,
+@click.option("--time-scale", type=TIME_SCALE, default=1.0, show_default=True,
               help="Simulated seconds per wall-clock second (server_info reports it).")  # fmt: skip
-@click.option("--startup-s", type=float, default=2.0, show_default=True,
+@click.option("--startup-s", type=Number(float, min=0.0, max=3600.0), default=2.0, show_default=True,
               help="Wall seconds of startup during which /health answers 503.")  # fmt: skip
-@click.option("--noise", type=float, default=0.0, show_default=True, help="Run-to-run variation (0.02 = about 2%).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the step-time noise.")
+@click.option("--noise", type=NOISE, default=0.0, show_default=True, help="Run-to-run variation (0.02 = about 2%).")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the step-time noise.")
 @click.argument("flags", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def serve(ctx, model_profile, hardware, gpus, time_scale, startup_s, noise, seed, flags) -> None:
@@ -190,9 +195,5 @@ def serve(ctx, model_profile, hardware, gpus, time_scale, startup_s, noise, seed
     from tools.engines.sim.server import ServeOptions
     from tools.engines.sim.server import serve as run_server
 
-    if time_scale <= 0:
-        raise PivotError("--time-scale must be > 0")
-    if noise < 0:
-        raise PivotError("--noise must be >= 0")
     options = ServeOptions(time_scale=time_scale, startup_s=startup_s, noise=noise, seed=seed)
     ctx.exit(run_server(flags, model_profile=model_profile, hardware=hardware, gpus=gpus, options=options))

@@ -52,10 +52,12 @@ class ExperimentTask:
     objective: m.Objective | None = None  # a capacity objective: after the sweep, bracket the load that meets it
     capacity_start: float | None = None  # where the driver's predictor places the crossing (None: no prediction)
     audit: tuple[m.FlagIssue, ...] | None = None  # the driver's audit of `config` (the host does not audit again)
+    number: int | None = None  # the experiment's number in its session, as users read it (experiment_id: the ledger's)
 
     @property
     def label(self) -> str:
-        return f"experiment {self.experiment_id}" + (f" run {self.run}" if self.run > 1 else "")
+        shown = self.number if self.number is not None else self.experiment_id
+        return f"experiment {shown}" + (f" run {self.run}" if self.run > 1 else "")
 
 
 @dataclass(frozen=True)

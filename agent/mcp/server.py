@@ -213,7 +213,9 @@ def _session_tools(server: Any, paths: Paths, store: Store) -> None:
         session: Annotated[str, Field(description="The session's id (or name)")],
         question: str,
         kind: Annotated[m.InvestigationKind, Field(description="crash, root_cause or question")] = "question",
-        experiment_id: int | None = None,
+        experiment_id: Annotated[
+            int | None, Field(description="The experiment's number in the session (as summaries and show_session say)")
+        ] = None,
     ) -> dict[str, Any]:
         """Put a question to a sub-agent with read-only tools (the ledger, a server's log, the analysis, the GEMM
         evidence, profile traces, the twin's predictions, the flag audit); its report is recorded in the ledger and
@@ -226,6 +228,11 @@ def _session_tools(server: Any, paths: Paths, store: Store) -> None:
         except PivotError as e:
             raise _tool_error(e) from e
         try:
+            if experiment_id is not None:  # the session's number, read as the model tools read it
+                found = opened.store.experiment_by_number(opened.id, experiment_id)
+                if found is None:
+                    raise _tool_error(PivotError(f"session {opened.id} has no experiment {experiment_id}"))
+                experiment_id = found.id
             inv = await run_investigation(opened, question, kind=kind, experiment_id=experiment_id)
         finally:
             await anyio.to_thread.run_sync(opened.close)

@@ -124,7 +124,8 @@ def show_session(store: Store, session_ref: str) -> dict[str, Any]:
         base = by_id[e.base_experiment_id].config if e.base_experiment_id in by_id else base_config
         found = ledger.figure(e)
         return {
-            "id": e.id,
+            "number": e.number,  # the session's experiment number, as the summaries and investigate read it
+            "id": e.id,  # the ledger's row id (shared by every session of the home)
             "plan_items": e.plan_items,
             "kind": e.kind,
             "change": str(e.config.diff(base)),
@@ -159,7 +160,9 @@ def show_session(store: Store, session_ref: str) -> dict[str, Any]:
             {"id": p.id, "question": p.question, "options": p.options, "answer": p.answer} for p in ledger.pivots
         ],
         "documents": [{"path": d.path, "kind": d.kind, "status": d.status} for d in ledger.documents],
-        "investigations": [dump(i) for i in ledger.investigations],
+        "investigations": [
+            {**dump(i), "experiment_number": ledger.number(i.experiment_id)} for i in ledger.investigations
+        ],
         "usage": [dump(u) for u in ledger.usage],
     }
 

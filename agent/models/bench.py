@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from agent.models.base import _Model, utcnow
 from agent.models.objective import LoadAxis, SloMetric, check_slos
@@ -18,6 +18,13 @@ from agent.models.objective import LoadAxis, SloMetric, check_slos
 # Benchmarks: the workload, and results with bench_serving's key names.
 
 Endpoint = Literal["generate", "completions", "chat"]
+
+
+# What one concurrency level may send: beyond these a benchmark (or the twin's simulation of one) would take hours
+# and gigabytes before it said anything, so a workload asking for more is refused with the bound in words.
+MAX_PROMPTS_PER_LEVEL = 200_000
+MAX_TOKENS_PER_REQUEST = 1_048_576  # longer than any served model's context today
+MAX_TOKENS_PER_LEVEL = {"input": 2**27, "output": 2**30}  # prompts x tokens of one level (input: 1 GiB of ids)
 
 
 class BenchSpec(_Model):
@@ -29,22 +36,27 @@ class BenchSpec(_Model):
     dataset_name: Literal["random-ids", "random"] = Field(
         default="random-ids", description="random-ids: random token ids (no download); random: random text."
     )
-    random_input_len: int = Field(default=1024, ge=1)
-    random_output_len: int = Field(default=1024, ge=1)
+    random_input_len: int = Field(default=1024, ge=1, le=MAX_TOKENS_PER_REQUEST)
+    random_output_len: int = Field(default=1024, ge=1, le=MAX_TOKENS_PER_REQUEST)
     random_range_ratio: float = Field(
         default=0.0, ge=0.0, le=1.0, description="Lengths ~ uniform[max(int(L*ratio), 1), L], as bench_serving."
     )
     concurrency: list[int] = Field(default_factory=lambda: [1, 64, 256], description="max_concurrency per level.")
     num_prompts: int | None = Field(
-        default=None, ge=1, description="Prompts per level; None: prompts_per_concurrency x concurrency."
+        default=None,
+        ge=1,
+        le=MAX_PROMPTS_PER_LEVEL,
+        description="Prompts per level; None: prompts_per_concurrency x concurrency.",
     )
-    prompts_per_concurrency: float = Field(default=2.0, gt=0)
-    min_prompts: int = Field(default=8, ge=1, description="Floor on prompts per level when num_prompts is None.")
+    prompts_per_concurrency: float = Field(default=2.0, gt=0, le=1000)
+    min_prompts: int = Field(
+        default=8, ge=1, le=MAX_PROMPTS_PER_LEVEL, description="Floor on prompts per level when num_prompts is None."
+    )
     request_rate: float = Field(default=math.inf, gt=0, description="Requests/s (Poisson arrivals); inf: all at once.")
-    warmup_requests: int = Field(default=1, ge=0)
+    warmup_requests: int = Field(default=1, ge=0, le=1000)
     ignore_eos: bool = True
-    seed: int = 42
-    request_timeout_s: float = Field(default=600.0, gt=0)
+    seed: int = Field(default=42, ge=0, le=2**32 - 1, description="numpy's seed, as bench_serving's --seed.")
+    request_timeout_s: float = Field(default=600.0, gt=0, le=86_400.0)
     goodput_slos_ms: dict[SloMetric, float] | None = Field(
         default=None,
         description="SGLang's --goodput SLOs in ms (ttft, tpot, e2el): each level then reports request goodput, "
@@ -69,9 +81,29 @@ class BenchSpec(_Model):
             raise ValueError("at least one concurrency level is needed")
         if any(c < 1 for c in levels):
             raise ValueError("concurrency levels must be positive integers")
+        if any(c > MAX_PROMPTS_PER_LEVEL for c in levels):
+            raise ValueError(f"a concurrency level is at most {MAX_PROMPTS_PER_LEVEL:,}")
         if len(set(levels)) != len(levels):
             raise ValueError("concurrency levels must not repeat")
         return levels
+
+    @model_validator(mode="after")
+    def _bounded_levels(self) -> BenchSpec:
+        top = max(self.concurrency)
+        prompts = self.prompts_for(top)
+        if prompts > MAX_PROMPTS_PER_LEVEL:
+            raise ValueError(
+                f"concurrency {top:,} sends {prompts:,} prompts, more than the {MAX_PROMPTS_PER_LEVEL:,} a level may "
+                "send: give num_prompts (or a smaller prompts_per_concurrency)"
+            )
+        for what, tokens in (("input", self.random_input_len), ("output", self.random_output_len)):
+            if prompts * tokens > MAX_TOKENS_PER_LEVEL[what]:
+                raise ValueError(
+                    f"concurrency {top:,} sends {prompts:,} prompts of up to {tokens:,} {what} tokens, "
+                    f"{prompts * tokens:,} in all, more than the {MAX_TOKENS_PER_LEVEL[what]:,} a level may send: "
+                    "give fewer prompts or shorter requests"
+                )
+        return self
 
     def prompts_for(self, concurrency: int) -> int:
         """How many measured prompts a level at this concurrency sends."""
@@ -117,30 +149,32 @@ class BenchLevel(BaseModel):
     input_throughput: float
     output_throughput: float
     total_throughput: float
+    # the means are what pivot compares; the other statistics (median, std, p90, p95, p99) are kept when a file has
+    # them (bench_serving 0.5 writes all of them; older versions and other clients fewer)
     mean_e2e_latency_ms: float
-    median_e2e_latency_ms: float
-    std_e2e_latency_ms: float
-    p90_e2e_latency_ms: float
-    p95_e2e_latency_ms: float
-    p99_e2e_latency_ms: float
+    median_e2e_latency_ms: float | None = None
+    std_e2e_latency_ms: float | None = None
+    p90_e2e_latency_ms: float | None = None
+    p95_e2e_latency_ms: float | None = None
+    p99_e2e_latency_ms: float | None = None
     mean_ttft_ms: float
-    median_ttft_ms: float
-    std_ttft_ms: float
-    p90_ttft_ms: float
-    p95_ttft_ms: float
-    p99_ttft_ms: float
+    median_ttft_ms: float | None = None
+    std_ttft_ms: float | None = None
+    p90_ttft_ms: float | None = None
+    p95_ttft_ms: float | None = None
+    p99_ttft_ms: float | None = None
     mean_tpot_ms: float
-    median_tpot_ms: float
-    std_tpot_ms: float
-    p90_tpot_ms: float
-    p95_tpot_ms: float
-    p99_tpot_ms: float
+    median_tpot_ms: float | None = None
+    std_tpot_ms: float | None = None
+    p90_tpot_ms: float | None = None
+    p95_tpot_ms: float | None = None
+    p99_tpot_ms: float | None = None
     mean_itl_ms: float
-    median_itl_ms: float
-    std_itl_ms: float
-    p90_itl_ms: float
-    p95_itl_ms: float
-    p99_itl_ms: float
+    median_itl_ms: float | None = None
+    std_itl_ms: float | None = None
+    p90_itl_ms: float | None = None
+    p95_itl_ms: float | None = None
+    p99_itl_ms: float | None = None
     concurrency: float = Field(description="Little's law: sum of e2e latencies / duration.")
     accept_length: float | None = None
     max_output_tokens_per_s: float = Field(description="Peak output tok/s in any 1-second bucket.")
@@ -170,6 +204,16 @@ class BenchLevel(BaseModel):
     max_dispatch_delay_ms: float | None = None
     client_cpu_s: float | None = None
     warnings: list[str] = Field(default_factory=list)
+    refused: str | None = Field(
+        default=None,
+        description="Why this level is not a measurement (the twin served over HTTP fell behind its clock even at "
+        "the lowest time scale, so the numbers are the host's): it is kept and shown, never judged or compared.",
+    )
+
+    @property
+    def holds(self) -> bool:
+        """Whether a comparison may use this level: requests completed, none failed, and it is a measurement."""
+        return self.completed > 0 and self.failed == 0 and self.refused is None
 
     @model_serializer(mode="wrap")
     def _omit_unset_extras(self, handler):  # type: ignore[no-untyped-def]
@@ -203,11 +247,15 @@ class BenchLevel(BaseModel):
     @classmethod
     def mean(cls, levels: Sequence[BenchLevel]) -> BenchLevel:
         """The mean of runs of one level (reruns of an experiment): every float averaged, counts from the last run.
-        A run with failed requests is not averaged away: then the last run is returned as it is."""
+        A run with failed requests is not averaged away: then the last run is returned as it is. A run refused as a
+        measurement is left out of the mean of the others (and returned when no run is a measurement)."""
         if not levels:
             raise ValueError("no level to average")
+        measured = [lv for lv in levels if lv.refused is None]
+        if measured and len(measured) < len(levels) and not any(lv.failed > 0 for lv in levels):
+            levels = measured
         last = levels[-1]
-        if len(levels) == 1 or any(lv.failed > 0 for lv in levels):
+        if len(levels) == 1 or any(lv.failed > 0 for lv in levels) or any(lv.refused for lv in levels):
             return last
         dumps = [lv.model_dump() for lv in levels]
         data = dict(dumps[-1])

@@ -104,7 +104,7 @@ def parse_levels(text: str | Iterable[int]) -> list[int]:
     else:
         levels = list(text)
     try:
-        return BenchSpec(concurrency=levels).concurrency
+        return BenchSpec(concurrency=levels, num_prompts=1, random_input_len=1, random_output_len=1).concurrency
     except ValueError as e:  # pydantic's ValidationError is a ValueError
         reason = e.errors()[0]["msg"].removeprefix("Value error, ") if hasattr(e, "errors") else str(e)
         raise PivotError(

@@ -37,7 +37,12 @@ ExperimentStatus = Literal["planned", "running", "finished", "failed", "interrup
 class Experiment(_Model):
     """One clean experiment: a config on a workload, why it was tried, and what it showed."""
 
-    id: int | None = None
+    id: int | None = Field(default=None, description="The ledger's row id: internal, shared by every session.")
+    number: int | None = Field(
+        default=None,
+        description="Its number in its session (1, 2, ... in the order they were recorded): what every report, the "
+        "CLI, the TUI and the model call it. Not stored: the store counts it from the ledger's order.",
+    )
     session_id: str | None = None
     plan_item: str | None = Field(default=None, description="The plan item tested; None for a baseline.")
     plan_items: list[str] = Field(

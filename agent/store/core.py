@@ -24,6 +24,25 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 BUSY_TIMEOUT_S = 30.0
 
 
+def expected_tables(applied: Sequence[str]) -> set[str]:
+    """The tables a ledger has once the named migrations of pivot's own (MIGRATIONS) ran: they are run on an empty
+    database in memory, in their order (a name pivot does not ship is not counted)."""
+    key = frozenset(applied)
+    if not key:
+        return set()
+    if key not in _EXPECTED:
+        db = Database(sqlite3.connect(":memory:"))
+        for name, migrate in MIGRATIONS:
+            if name in key:
+                migrate(db)
+        _EXPECTED[key] = {r[0] for r in db.execute("select name from sqlite_master where type = 'table'")}
+        db.conn.close()
+    return _EXPECTED[key]
+
+
+_EXPECTED: dict[frozenset[str], set[str]] = {}
+
+
 class StoreCore:
     """The ledger of one PIVOT_HOME. Safe to share between the threads of a process; one per process."""
 
@@ -31,6 +50,7 @@ class StoreCore:
         self.path = Path(path)
         self._lock = threading.RLock()
         self._check_file()
+        self._inspect()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -71,6 +91,35 @@ class StoreCore:
             head = f.read(len(SQLITE_MAGIC))
         if head and head != SQLITE_MAGIC:
             raise self._corrupt("not an SQLite database")
+
+    def _inspect(self) -> None:
+        """An existing ledger checked through a read-only connection before any that could write opens: closing a
+        read-write connection checkpoints a WAL into the file, which would write a damaged ledger pivot said it left
+        untouched. Its integrity (quick_check, the WAL included) and its tables: a ledger that lacks a table its
+        migrations made is refused too, before `no such table` surfaces halfway through a write."""
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return
+        try:
+            conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
+        except sqlite3.Error as e:
+            raise (self._unwritable(e) if not self._writable() else self._corrupt(e)) from e
+        try:
+            self._check_integrity(conn)
+            tables = {r[0] for r in conn.execute("select name from sqlite_master where type = 'table'")}
+            applied = [r[0] for r in conn.execute("select name from _migrations")] if "_migrations" in tables else []
+        except sqlite3.DatabaseError as e:
+            if "unable to open" in str(e) and not self._writable():
+                raise self._unwritable(e) from e
+            raise self._corrupt(e) from e
+        finally:
+            conn.close()
+        missing = sorted(expected_tables(applied) - tables)
+        if missing:
+            raise LedgerError(
+                f"the ledger {self.path} lacks the table{'s' if len(missing) > 1 else ''} {', '.join(missing)} its "
+                "migrations made; it was left untouched",
+                hint=f"move it aside (mv {self.path} {self.path}.bad) to start a new ledger, or restore it from a copy",
+            )
 
     def _check_integrity(self, conn: sqlite3.Connection) -> None:
         """SQLite's quick_check, once per open and before anything is written: a ledger damaged in its middle pages
@@ -122,6 +171,11 @@ class StoreCore:
                 raise self._wrap(e) from e
             try:
                 yield self.db
+            except sqlite3.DatabaseError as e:  # the ledger failed under the write: one line, nothing half-written
+                self.db.conn.rollback()
+                if isinstance(e, sqlite3.IntegrityError):
+                    raise
+                raise self._wrap(e) from e
             except BaseException:
                 self.db.conn.rollback()
                 raise

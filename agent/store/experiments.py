@@ -11,7 +11,9 @@ from agent.store.core import StoreCore
 from agent.store.rows import RowMap, _fit
 
 EXPERIMENTS = RowMap(
-    m.Experiment, json=("plan_items", "config", "workload", "audit", "not_modelled", "placement", "reverts")
+    m.Experiment,
+    json=("plan_items", "config", "workload", "audit", "not_modelled", "placement", "reverts"),
+    exclude=frozenset({"number"}),  # counted by the store on read, not a column
 )
 # A sweep's levels and a level's GPUs have tables of their own: their rows are written and read explicitly.
 BENCH_RUNS = RowMap(m.BenchResult, json=("spec", "placement", "capacity"), exclude=frozenset({"levels"}))
@@ -31,13 +33,31 @@ class ExperimentsMixin(StoreCore):
         return EXPERIMENTS.from_row(row)
 
     def add_experiment(self, session_id: str, experiment: m.Experiment) -> m.Experiment:
-        """Record an experiment in the session; returns it with its id."""
-        e = experiment.model_copy(update={"session_id": session_id, "id": None})
+        """Record an experiment in the session; returns it with its id and its number in the session."""
+        e = experiment.model_copy(update={"session_id": session_id, "id": None, "number": None})
         with self._write() as db:
             table = db["experiments"]
             table.insert(_fit(db, "experiments", self._experiment_row(e)))
             self._touch(db, session_id)
-            return e.model_copy(update={"id": table.last_pk})
+            eid = table.last_pk
+            return e.model_copy(update={"id": eid, "number": self._number(db, session_id, eid)})
+
+    @staticmethod
+    def _number(db: Any, session_id: str, experiment_id: int) -> int:
+        """The experiment's number in its session: how many of the session's experiments were recorded up to it
+        (experiments are never deleted, so the number never changes)."""
+        sql = "select count(*) from experiments where session_id = ? and id <= ?"
+        return int(db.execute(sql, [session_id, experiment_id]).fetchone()[0])
+
+    def experiment_by_number(self, session_id: str, number: int) -> m.Experiment | None:
+        """The session's experiment with this number (as reports show it), or None."""
+        if number < 1:
+            return None
+        with self._read() as db:
+            rows = list(db.query(
+                "select * from experiments where session_id = ? order by id limit 1 offset ?", [session_id, number - 1]
+            ))  # fmt: skip
+        return self._experiment(rows[0]).model_copy(update={"number": number}) if rows else None
 
     def mark_interrupted(self, session_id: str) -> list[int]:
         """Experiments left `running` by a process that is gone become `interrupted` (call with the session's lock
@@ -63,16 +83,19 @@ class ExperimentsMixin(StoreCore):
         return experiment
 
     def get_experiment(self, experiment_id: int) -> m.Experiment:
+        """An experiment by the ledger's id (internal), with its number in its session."""
         with self._read() as db:
             rows = list(db["experiments"].rows_where("id = ?", [experiment_id]))
-        if not rows:
-            raise PivotError(f"no experiment {experiment_id}")
-        return self._experiment(rows[0])
+            if not rows:
+                raise PivotError(f"no experiment {experiment_id}")
+            number = self._number(db, rows[0]["session_id"], experiment_id)
+        return self._experiment(rows[0]).model_copy(update={"number": number})
 
     def experiments(self, session_id: str) -> list[m.Experiment]:
+        """The session's experiments in the order they were recorded, numbered 1, 2, ..."""
         with self._read() as db:
             rows = db["experiments"].rows_where("session_id = ?", [session_id], order_by="id")
-            return [self._experiment(r) for r in rows]
+            return [self._experiment(r).model_copy(update={"number": n}) for n, r in enumerate(rows, start=1)]
 
     # ---- benchmark results and telemetry
 

@@ -26,6 +26,7 @@ from agent.session import EventSink, Paths, Session
 from agent.store import Store
 from agent.tui import view
 from agent.tui.cancel import CancellableEngine, Canceller, StepCancelled, stop_quietly
+from tools.numbering import number_of
 
 CANCELLED = "step cancelled: the server was stopped and the ledger is as a resume finds it"
 EngineFactory = Callable[[m.Session], Engine]
@@ -129,9 +130,11 @@ class ChatController:
         """Start a session on a plan with `pivot run PLAN`'s defaults on the sim engine (`demo`: `pivot demo`'s)."""
         from agent import defaults
         from agent.plans import load_plan
+        from tools.preflight import check_runnable, item_errors_note
 
         self._require_none()
         plan = load_plan(defaults.demo()[0] if demo else plan_ref)
+        problems = check_runnable(plan, engine=defaults.default_engine())  # an error of the target: refused first
         settings = run_settings(plan, demo=demo)
         model_name = defaults.default_model(model)
         self.session = Session.create(
@@ -145,6 +148,9 @@ class ChatController:
             engine=self._engine(),
             events=self.emit,
         )
+        note = item_errors_note(plan, problems)
+        if note:
+            self._say("info", note)
         return self.session
 
     def _require_none(self) -> None:
@@ -189,8 +195,8 @@ class ChatController:
             alive = dep.alive()
             telemetry = dep.telemetry() if alive else None
         except Exception as e:  # a reading that fails must not take the UI down
-            return f"exp {live.experiment_id}: {type(e).__name__}", None
-        return f"exp {live.experiment_id} {'ready' if alive else 'down'}", telemetry
+            return f"exp {number_of(self.require(), live.experiment_id)}: {type(e).__name__}", None
+        return f"exp {number_of(self.require(), live.experiment_id)} {'ready' if alive else 'down'}", telemetry
 
     # ---- running
 

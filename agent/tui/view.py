@@ -105,8 +105,9 @@ def result_text(tool: str, content: Any) -> tuple[str | None, str]:
         return None, short(json.dumps(data, default=str), 100) if data is not None else "done"
     if tool == "run_benchmark" and data.get("levels"):
         levels = data["levels"]
-        top = max(levels, key=lambda lv: lv.get("output_tok_s") or 0)
-        text = f"best {top['output_tok_s']:,.0f} tok/s at {top['concurrency']}"
+        held = [lv for lv in levels if not lv.get("failed") and not lv.get("refused")] or levels
+        top = max(held, key=lambda lv: lv.get("concurrency") or 0)  # the highest level that held, as it is judged
+        text = f"{top['output_tok_s']:,.0f} tok/s at {top['concurrency']}"
         failed = [str(lv["concurrency"]) for lv in levels if lv.get("failed")]
         if failed:
             text += f"; failed at {', '.join(failed)} ({data.get('failure') or 'unknown'})"
@@ -180,7 +181,7 @@ def board(store: Any, session_id: str) -> Board:
     todos = [TodoRow(TODO_MARKS.get(t.status, "[?]"), short(t.content, 40), t.priority) for t in store.todos(record.id)]
     experiments = [
         ExperimentRow(
-            id=str(e.id),
+            id=str(e.number),
             item=e.plan_item or e.kind,
             change=short(ledger.change_text(e), 28),
             best=ledger.figure_text(e),

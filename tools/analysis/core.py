@@ -113,7 +113,9 @@ def analyze(
     analysis.stops_scaling_at = stops.max_concurrency if stops else None
     findings.append(_scaling_finding(rows, stops))
     if profile is not None:
-        findings.append(_profile_finding(profile, ref, None if profiled_on == experiment_id else profiled_on))
+        elsewhere = None if profiled_on == experiment_id else profiled_on
+        shown = store.get_experiment(elsewhere).number if elsewhere is not None else None
+        findings.append(_profile_finding(profile, ref, elsewhere, shown))
     category, evidence, secondary = _decide(roof, rows, ref, stops, failed_levels, profile, hw)
     analysis.bottleneck = category
     title = m.BOTTLENECK_TITLES[category]
@@ -137,6 +139,7 @@ def _measured_only(
     """The analysis when the profiles cannot be read against the measurements (no roofline, or contradicted): the
     notes that say why, each level as measured, the scaling, and a verdict line that names no bottleneck."""
     store = session.store
+    shown = store.get_experiment(analysis.experiment_id).number  # what the reports call it
     done = [lv for lv in levels if lv.completed > 0]
     findings = list(notes)
     findings += [measured_level(lv, telemetry.get(lv.max_concurrency or 0), _kv_usage(lv, telemetry.get(
@@ -150,11 +153,11 @@ def _measured_only(
             else "there is no roofline for this hardware (what is not known is listed below)"
         )
         text = (
-            f"No bottleneck is named for experiment {analysis.experiment_id}: {why}. Best measured: "
+            f"No bottleneck is named for experiment {shown}: {why}. Best measured: "
             f"{_n(ref.output_throughput)} output tok/s at concurrency {ref.max_concurrency}."
         )
     else:
-        text = f"No bottleneck is named for experiment {analysis.experiment_id}: no level completed a request."
+        text = f"No bottleneck is named for experiment {shown}: no level completed a request."
     findings.append(no_verdict(text))
     analysis.summary = text
     analysis.findings = store.replace_findings(session.id, analysis.experiment_id, findings)

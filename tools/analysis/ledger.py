@@ -129,7 +129,7 @@ def best_experiment(store: Store, session_id: str) -> int | None:
         kept = e.verdict in KEPT_VERDICTS
         for result in store.bench_results(e.id):
             for level in result.levels:
-                if level.completed <= 0 or level.failed > 0:
+                if not level.holds:
                     continue
                 key = (level.output_throughput, -e.id)
                 if kept not in best or key > best[kept]:

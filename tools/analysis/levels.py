@@ -255,11 +255,15 @@ def _scaling_finding(rows: list[LevelRoofline], stops: LevelRoofline | None) -> 
     )
 
 
-def _profile_finding(profile: m.ProfileSummary, ref: LevelRoofline, elsewhere: int | None = None) -> m.Finding:
+def _profile_finding(
+    profile: m.ProfileSummary, ref: LevelRoofline, elsewhere: int | None = None, elsewhere_number: int | None = None
+) -> m.Finding:
+    """The profile's breakdown; `elsewhere` (a ledger id, with its number in the session) when it was measured on
+    another experiment of the same configuration."""
     parts = sorted(profile.categories.items(), key=lambda kv: -kv[1].share)
     text = (
         f"Profile ({profile.source}"
-        + (f", on experiment {elsewhere}: the same configuration" if elsewhere is not None else "")
+        + (f", on experiment {elsewhere_number or elsewhere}: the same configuration" if elsewhere is not None else "")
         + (f", concurrency {profile.max_concurrency}" if profile.max_concurrency else "")
         + "): "
         + ", ".join(f"{COMPONENT_TITLES.get(_PROFILE_COMPONENTS.get(k, k), k)} {_n(100 * c.share)}%" for k, c in parts)

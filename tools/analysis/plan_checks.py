@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -110,19 +111,43 @@ def plan_claims(
 # The checks, one function each, in the order their findings are listed for an item.
 
 
+def mem_fraction_problem(value: str) -> str | None:
+    """Why a --mem-fraction-static value cannot run (it is the fraction of GPU memory for the weights and the KV
+    pool: a finite number in (0, 1]), or None when it can."""
+    try:
+        fraction = float(value)
+    except ValueError:
+        return None  # not a number: the audit names what SGLang's parser says
+    if math.isfinite(fraction) and 0 < fraction <= 1:
+        return None
+    asks = "more memory than the GPU has" if math.isfinite(fraction) and fraction > 1 else "no memory it can use"
+    return (
+        f"it is the fraction of GPU memory for the weights and the KV pool, so it lies in (0, 1]; {value} asks for "
+        f"{asks} and the server does not start. Give a fraction such as 0.9."
+    )
+
+
 def mem_fraction_static(ctx: PlanContext, it: ItemView) -> list[m.Finding]:
     """--mem-fraction-static: a higher fraction gives SGLang a bigger KV pool, not a smaller one; too high a
     fraction leaves no room beside the weights (out of memory at startup)."""
     item, hw, roof = it.item, ctx.hw, ctx.roof
     new = flag_value(it.config, "--mem-fraction-static")
-    if new is None:
-        return []
     old_text = flag_value(ctx.base, "--mem-fraction-static")
+    if new is None or new == old_text:  # the item leaves the fraction as the base flags have it: nothing to check
+        return []
+    try:
+        fraction = float(new)
+    except ValueError:
+        return []  # the audit names a value SGLang's parser refuses
+    if (why := mem_fraction_problem(new)) is not None:
+        text = f"Item {item.id} sets --mem-fraction-static {new}: {why}"
+        return [_finding("claim", text, {"mem_fraction_new": fraction if math.isfinite(fraction) else -1.0},
+                         plan_item=item.id, severity="error")]  # fmt: skip
     if not old_text and hw.auto_mem_fraction_static is None:
         return []  # SGLang's automatic fraction on this hardware is not known: nothing to compare with
     old = float(old_text) if old_text else float(hw.auto_mem_fraction_static or 0)
     weights, old_pool = roof.kv_pool_tokens(old)
-    _, new_pool = roof.kv_pool_tokens(float(new))
+    _, new_pool = roof.kv_pool_tokens(fraction)
     where = "set in the base flags" if old_text else "SGLang's automatic value on this GPU"
     values = {
         "mem_fraction_old": old,
@@ -254,7 +279,7 @@ def kv_limit(ctx: PlanContext, it: ItemView) -> list[m.Finding]:
         _finding(
             "claim",
             f"Item {item.id} expects a gain if KV capacity is the limit; the KV pool peaked at {_n(usage)}% at "
-            f"concurrency {int(top.values['max_concurrency'])} (experiment {top.experiment_id}), so it is not "
+            f"concurrency {int(top.values['max_concurrency'])} (experiment {_number(ctx, top.experiment_id)}), so it is not "
             "the limit at the levels measured.",
             {
                 "kv_usage_pct": usage,
@@ -265,6 +290,11 @@ def kv_limit(ctx: PlanContext, it: ItemView) -> list[m.Finding]:
             severity="warning",
         )
     ]
+
+
+def _number(ctx: PlanContext, experiment_id: int | None) -> int | None:
+    """An experiment's number in the session (what reports call it), from its ledger id."""
+    return next((e.number for e in ctx.experiments if e.id == experiment_id), experiment_id)
 
 
 _AUDIT_WHAT = {"noop": "is accepted but read nowhere", "unknown": "is not accepted", "ambiguous": "is ambiguous"}
@@ -283,7 +313,7 @@ def audited_flags(ctx: PlanContext, it: ItemView) -> list[m.Finding]:
                     _finding(
                         "claim",
                         f"Item {item.id}: {issue.flag} {_AUDIT_WHAT[issue.status]} in SGLang "
-                        f"{target.engine_version or ''} (audit of experiment {e.id}), so the expected impact cannot "
+                        f"{target.engine_version or ''} (audit of experiment {e.number}), so the expected impact cannot "
                         f"come from it. {issue.message}".strip(),
                         {"experiment_id": e.id or 0},
                         plan_item=item.id,

@@ -47,6 +47,10 @@ ARGPARSE_RULES: tuple[FailureRule, ...] = (
         _rx(r": error: (argument \S+|the following arguments are required|invalid choice|expected one argument)"),
     ),
 )
+# pivot's own refusal of its own options (`pivot sim serve` behind the sim-http engine prints `error: ...` and `hint:
+# ...`, at the start of a line where engines' argparse writes `PROG: error:`): a failure of pivot's, never the engine's
+PIVOT_FAILURE = "pivot-error"
+PIVOT_RULE = FailureRule(PIVOT_FAILURE, _rx(r"^error: "), needs=re.compile(r"^hint: ", re.MULTILINE))
 PORT_RULE = FailureRule("port-in-use", _rx(r"address already in use|\[errno 98\]|\bEADDRINUSE\b"))
 # PyTorch's, CUDA's, NCCL's, compilers' and Hugging Face's words, whichever engine runs them
 RUNTIME_RULES: tuple[FailureRule, ...] = (

@@ -41,13 +41,19 @@ RATE_KEYS = (
     "token_goodput_tok_s",
 )
 CLIENT_DELAY_KEYS = ("mean_dispatch_delay_ms", "max_dispatch_delay_ms")  # the client's: stay on the wall clock
-LAG_WARN_SHARE = 0.1  # a level during which the twin lost more than this share of its duration gets a warning
+# A level during which the twin's clock lost more than this share of the level's wall duration waiting for this host
+# measured the host, not the twin: it runs again at a lower time scale (up to LAG_RERUNS times, never below
+# MIN_TIME_SCALE), and is refused as a measurement when it still falls behind.
+LAG_REFUSE_SHARE = 0.02
+LAG_RERUNS = 3
+MIN_TIME_SCALE = 1.0
 CRASH_GRACE_S = 5.0  # a level still running this long after the server died is cut short
 WATCH_S = 0.2  # how often a benchmark checks that the server is still running
 
 
 def server_log_path(paths: Paths, session_id: str, engine: str, experiment_id: int | None = None) -> Path:
-    """A new log file for one server under state/<session>/logs/ (the name says engine, experiment and time)."""
+    """A new log file for one server under state/<session>/logs/ (the name says engine, experiment and time;
+    `experiment_id` is the experiment's number in the session, as the reports call it)."""
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     prefix = f"exp{experiment_id:03d}-" if experiment_id is not None else ""
     stem = f"{prefix}{engine}-{stamp}"
@@ -74,7 +80,8 @@ def launch_in_session(
     engine = engine or session.engine
     if engine is None:
         raise PivotError("this session has no engine to launch with", hint="open the session with an engine")
-    log_path = server_log_path(session.paths, session.id, engine.name, experiment_id)
+    number = session.store.get_experiment(experiment_id).number if experiment_id is not None else None
+    log_path = server_log_path(session.paths, session.id, engine.name, number)  # named as the reports call it
     ledger = LedgerLink(session.store, session.id, experiment_id, session.paths)
     return engine.launch(config, log_path, ledger=ledger, force=force, issues=issues)
 
@@ -310,73 +317,120 @@ class HttpDeployment:
                 continue
 
             def report(p: LevelProgress, index: int = index) -> None:
-                p = p.model_copy(update={"level_index": index, "levels_total": total})
+                p = self._scaled_progress(p.model_copy(update={"level_index": index, "levels_total": total}))
                 if on_level is not None:
                     on_level(p)
                 if on_progress is not None and (p.phase != "running" or p.requests_done == 0):
                     on_progress(str(p))
 
-            one = spec.model_copy(update={"concurrency": [concurrency], **self._wall_clock_slos(spec)})
+            one = spec.model_copy(update={"concurrency": [concurrency]})  # its SLOs go on the wall clock per attempt
             await asyncio.to_thread(recorder.mark_level, concurrency)
-            lag_before = await asyncio.to_thread(self._wall_lag)
-            task = asyncio.create_task(
-                loadgen.run_sweep(
-                    self.base_url,
-                    one,
-                    backend=self.backend,
-                    model=self.model,
-                    on_progress=report,
-                    output_file=output_file,
-                    warmup_pause_s=self.warmup_pause_s,
-                    headers=self.bench_headers(),
-                    vocab_size=spec.vocab_size or DEFAULT_VOCAB_SIZE,
-                )
-            )
-            died_at: float | None = None
-            loop = asyncio.get_running_loop()
-            while not task.done():
-                await asyncio.wait({task}, timeout=WATCH_S)
-                if died_at is None and self.server.poll() is not None:
-                    died_at = loop.time()
-                if died_at is not None and not task.done() and loop.time() - died_at > CRASH_GRACE_S:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-            swept, error = None, None
-            try:
-                swept = task.result()
-            except asyncio.CancelledError:
-                pass
-            except PivotError as e:  # the probe or every warmup request failed: it may be dying
-                error = e
-            level = swept.levels[0] if swept is not None and swept.levels else None
-            failures = error is not None or (level is not None and level.failed > 0)
-            crashed = self.server.poll() is not None or (failures and await self._exits_soon())
-            if error is not None and not crashed:
-                raise error
-            if level is None:
-                if not crashed:  # interrupted (Ctrl-C) before the level finished
-                    result.interrupted = True
-                    return
-                level = self._failed_level(spec, concurrency, f"server crashed ({self.server.failure})")
-                if output_file is not None:
-                    loadgen.append_jsonl(output_file, level)
-            telemetry = await asyncio.to_thread(recorder.end_level, level.total_output_tokens)
-            level = level.model_copy(update=energy_fields(telemetry, level.total_output_tokens))
-            if crashed:
-                why = short_line(self.server.failure_line) if self.server.failure_line else self.server.exit_text()
-                note = f"the server crashed during this level: {self.server.failure} ({why})"
-                level = level.model_copy(update={"warnings": [*level.warnings, note]})
-            lag = await asyncio.to_thread(self._wall_lag)
-            if lag is not None and lag_before is not None and lag - lag_before > LAG_WARN_SHARE * level.duration > 0:
-                note = (f"this host fell {lag - lag_before:.1f} s behind the twin's clock during a {level.duration:.1f} s "
-                        f"level: it cannot keep up with time scale {self.time_scale:g}, so the numbers are slower than "
-                        "the twin's; use a lower time scale")  # fmt: skip
-                level = level.model_copy(update={"warnings": [*level.warnings, note]})
-            result.levels.append(self._scaled(level))
-            if swept is not None and swept.interrupted and not crashed:
+            outcome = await self._level_in_time(one, report, on_progress)
+            if outcome is None:  # interrupted (Ctrl-C) before the level finished
                 result.interrupted = True
                 return
+            level, crashed, interrupted = outcome
+            telemetry = await asyncio.to_thread(recorder.end_level, level.total_output_tokens)
+            level = level.model_copy(update=energy_fields(telemetry, level.total_output_tokens))
+            if output_file is not None:  # the raw file holds what the ledger holds: the twin's (scaled) numbers
+                loadgen.append_jsonl(output_file, level)
+            result.levels.append(level)
+            if interrupted and not crashed:
+                result.interrupted = True
+                return
+
+    async def _level_in_time(
+        self,
+        one: m.BenchSpec,
+        report: Callable[[LevelProgress], None],
+        on_progress: ProgressCallback | None,
+    ) -> tuple[m.BenchLevel, bool, bool] | None:
+        """One level, run again at a lower time scale while the twin's clock fell behind this host's (its numbers
+        would be this host's, not the twin's); refused as a measurement when it still does at the lowest scale.
+        Returns (the level in simulated time, crashed, interrupted), or None when interrupted before it ended."""
+        attempt = 0
+        loop = asyncio.get_running_loop()
+        while True:
+            before, wall_before = await asyncio.to_thread(self._twin_clock), loop.time()
+            ran = await self._one_level(one.model_copy(update=self._wall_clock_slos(one)), report)
+            if ran is None:
+                return None
+            level, crashed, interrupted = ran
+            after, wall = await asyncio.to_thread(self._twin_clock), loop.time() - wall_before
+            scale = self.time_scale or 1.0
+            behind = after[1] - before[1] if before is not None and after is not None else 0.0
+            if crashed or interrupted or behind <= LAG_REFUSE_SHARE * max(level.duration, wall - behind):
+                return self._scaled(level), crashed, interrupted
+            # the simulated seconds of work this host served per wall second: a scale it can hold
+            kept_up = (after[0] - before[0]) / wall if before is not None and after is not None and wall > 0 else 0.0
+            lower = max(MIN_TIME_SCALE, min(scale / 2, kept_up / 2))  # half the rate this host held: headroom
+            if attempt < LAG_RERUNS and scale > MIN_TIME_SCALE and await asyncio.to_thread(self._rescale, lower):
+                attempt += 1
+                if on_progress is not None:
+                    on_progress(
+                        f"concurrency {one.concurrency[0]}: this host fell {behind:.1f} s behind the twin's clock in a "
+                        f"{level.duration:.1f} s level at time scale {scale:g}; the level runs again at time scale "
+                        f"{lower:.3g} (its numbers would have been this host's, not the twin's)"
+                    )
+                continue
+            why = (
+                f"not a measurement: this host fell {behind:.1f} s behind the twin's clock during a {level.duration:.1f} "
+                f"s level at time scale {scale:g}, so its numbers are this host's, not the twin's; it is never judged "
+                "(run it with a lower time scale, -o time_scale=N, or on a less loaded host)"
+            )
+            return self._scaled(level).model_copy(update={"refused": why}), crashed, interrupted
+
+    async def _one_level(
+        self, one: m.BenchSpec, report: Callable[[LevelProgress], None]
+    ) -> tuple[m.BenchLevel, bool, bool] | None:
+        """One level as the load generator measured it (wall clock), watching the process: (level, crashed,
+        interrupted), or None when it was interrupted before it ended."""
+        from tools import loadgen
+
+        concurrency = one.concurrency[0]
+        task = asyncio.create_task(
+            loadgen.run_sweep(
+                self.base_url,
+                one,
+                backend=self.backend,
+                model=self.model,
+                on_progress=report,
+                warmup_pause_s=self.warmup_pause_s,
+                headers=self.bench_headers(),
+                vocab_size=one.vocab_size or DEFAULT_VOCAB_SIZE,
+            )
+        )
+        died_at: float | None = None
+        loop = asyncio.get_running_loop()
+        while not task.done():
+            await asyncio.wait({task}, timeout=WATCH_S)
+            if died_at is None and self.server.poll() is not None:
+                died_at = loop.time()
+            if died_at is not None and not task.done() and loop.time() - died_at > CRASH_GRACE_S:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        swept, error = None, None
+        try:
+            swept = task.result()
+        except asyncio.CancelledError:
+            pass
+        except PivotError as e:  # the probe or every warmup request failed: it may be dying
+            error = e
+        level = swept.levels[0] if swept is not None and swept.levels else None
+        failures = error is not None or (level is not None and level.failed > 0)
+        crashed = self.server.poll() is not None or (failures and await self._exits_soon())
+        if error is not None and not crashed:
+            raise error
+        if level is None:
+            if not crashed:
+                return None
+            level = self._failed_level(one, concurrency, f"server crashed ({self.server.failure})")
+        if crashed:
+            why = short_line(self.server.failure_line) if self.server.failure_line else self.server.exit_text()
+            note = f"the server crashed during this level: {self.server.failure} ({why})"
+            level = level.model_copy(update={"warnings": [*level.warnings, note]})
+        return level, crashed, bool(swept is not None and swept.interrupted)
 
     async def _exits_soon(self) -> bool:
         """After failed requests: whether the process exits within CRASH_GRACE_S (False once /health answers 200)."""
@@ -423,15 +477,40 @@ class HttpDeployment:
             return {}
         return {"goodput_slos_ms": {name: ms / k for name, ms in spec.goodput_slos_ms.items()}}
 
-    def _wall_lag(self) -> float | None:
-        """How many wall seconds the twin's clock has lost waiting for this host (None for a real server)."""
+    def _twin_clock(self) -> tuple[float, float] | None:
+        """The simulated seconds the twin's engine has stepped through and the wall seconds its clock has lost waiting
+        for this host (None for a real server, or when the twin does not say)."""
         if not self.simulated:
             return None
         try:
             info = httpx.get(self.base_url + "/server_info", timeout=5.0, trust_env=False).json()
-            return float(info["internal_states"][0]["wall_lag_s"])
+            state = info["internal_states"][0]
+            return float(state["busy_s"]), float(state["wall_lag_s"])
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
             return None
+
+    def _rescale(self, scale: float) -> bool:
+        """Ask the twin to run at `scale` from now on (its /sim/time_scale); True when it did."""
+        try:
+            answer = httpx.post(self.base_url + "/sim/time_scale", json={"time_scale": scale}, timeout=5.0,
+                                trust_env=False)  # fmt: skip
+        except httpx.HTTPError:
+            return False
+        if answer.status_code != 200:
+            return False
+        self.time_scale = scale
+        self.warmup_pause_s = 1.0 / scale
+        return True
+
+    def _scaled_progress(self, p: LevelProgress) -> LevelProgress:
+        """Progress in the twin's simulated time, as the levels the ledger records are (rates / scale, times x)."""
+        k = self.time_scale
+        if k is None or k == 1.0:
+            return p
+        update: dict[str, Any] = {"output_tok_s": p.output_tok_s / k, "elapsed_s": p.elapsed_s * k}
+        if p.level is not None:
+            update["level"] = self._scaled(p.level)
+        return p.model_copy(update=update)
 
     def _scaled(self, level: m.BenchLevel) -> m.BenchLevel:
         """A level measured against the twin served `time_scale` times faster than its simulated GPUs, converted to

@@ -25,7 +25,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -34,7 +34,7 @@ import httpx
 
 from agent import models as m
 from agent.contracts import LedgerLink, ProgressCallback
-from agent.errors import LaunchFailed, PivotError
+from agent.errors import LaunchFailed, PivotError, is_secret_name
 from agent.servers import FAULT_VAR, MARK_VAR, fault_point, group_members, proc_start, server_mark, stop_group
 from tools.engines.failures import ANSI, COMMON_RULES, UNKNOWN, FailureRule, diagnose, short_line
 
@@ -257,17 +257,35 @@ def stop_all() -> None:
 # Never passed on to a launched server: the keys of the model that drives pivot and of the model providers (a server
 # under test has no use for them, and its logs, crash dumps and /proc are read by others on a shared host), and
 # pivot's own test hooks. HF_TOKEN stays: SGLang needs it to download gated weights.
-MODEL_KEY_VARS = frozenset({
-    "PIVOT_MODEL_API_KEY", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY",
-    "GROQ_API_KEY", "MISTRAL_API_KEY", "CO_API_KEY", "COHERE_API_KEY", "DEEPSEEK_API_KEY", "OPENROUTER_API_KEY",
-    "XAI_API_KEY", "TOGETHER_API_KEY", "FIREWORKS_API_KEY", "CEREBRAS_API_KEY", "AZURE_OPENAI_API_KEY",
-    "HUGGINGFACE_API_KEY", "API_KEY", "LOGFIRE_TOKEN", "AWS_BEARER_TOKEN_BEDROCK", FAULT_VAR,
-})  # fmt: skip
+# The rule, not a list (a list always misses the next provider): every variable whose name says it holds a secret
+# (agent/errors.py's is_secret_name: ..._API_KEY, ..._KEY, ..._TOKEN, ...SECRET..., ...PASSWORD, ...CREDENTIALS,
+# AWS's access keys) but the ones a server needs (KEPT_SECRETS), and pivot's own test hooks.
+KEPT_SECRETS = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
+MODEL_KEY_VARS = frozenset({FAULT_VAR})  # stripped too, whatever its name
+
+
+def passed_on(name: str) -> bool:
+    """Whether a variable of pivot's environment is passed on to what it launches (servers, Ray's processes)."""
+    return name not in MODEL_KEY_VARS and (name in KEPT_SECRETS or not is_secret_name(name))
 
 
 def server_environ() -> dict[str, str]:
-    """This process's environment without the model and provider keys (MODEL_KEY_VARS): what a server inherits."""
-    return {k: v for k, v in os.environ.items() if k not in MODEL_KEY_VARS}
+    """This process's environment without any secret but the ones a server needs (`passed_on`): what a launched
+    server, a keeper and a local Ray instance inherit."""
+    return {k: v for k, v in os.environ.items() if passed_on(k)}
+
+
+@contextlib.contextmanager
+def scrubbed_environ(keep: Sequence[str] = ()) -> Iterator[None]:
+    """This process's environment without what `passed_on` refuses (but `keep`), for the time of a call that starts
+    processes which inherit it as it is (ray.init); put back afterwards."""
+    held = {k: v for k, v in os.environ.items() if not passed_on(k) and k not in keep}
+    for k in held:
+        del os.environ[k]
+    try:
+        yield
+    finally:
+        os.environ.update(held)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -25,7 +25,7 @@ from agent import models as m
 from agent.contracts import EngineOptions, FlagAudit, Predictor
 from tools.engines.base import ServerEngine, argv_option
 from tools.engines.catalog import FlagSpec
-from tools.engines.failures import ARGPARSE_RULES, PORT_RULE, RUNTIME_RULES, FailureRule, not_installed_rule
+from tools.engines.failures import ARGPARSE_RULES, PIVOT_RULE, PORT_RULE, RUNTIME_RULES, FailureRule, not_installed_rule
 from tools.engines.process import DEFAULT_READY_TIMEOUT_S, DEFAULT_STOP_GRACE_S, free_port
 
 VERSION = "0.5.23"
@@ -49,6 +49,7 @@ def _rx(pattern: str) -> re.Pattern[str]:
 # The shared rules in order, with SGLang's own: its launcher's module and command, and the checks of its arguments
 # in ServerArgs (server_args.py) and its arg_groups hooks, in the launching process.
 FAILURE_RULES: tuple[FailureRule, ...] = (
+    PIVOT_RULE,  # the twin's own command line (pivot sim serve) refused a value: pivot's error, not SGLang's
     *ARGPARSE_RULES,
     PORT_RULE,
     not_installed_rule("sglang", "sglang"),

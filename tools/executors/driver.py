@@ -22,8 +22,10 @@ from pathlib import Path
 
 from agent import models as m
 from agent.contracts import Executor, ExperimentTask, LedgerLink, TaskEvent, TaskOutcome
+from agent.errors import PivotError
 from agent.servers import server_mark
 from agent.session import Session
+from tools.engines.failures import PIVOT_FAILURE
 from tools.experiments import raw_run_file, record_failed, refusal
 
 LOST_RERUNS = 2  # an experiment whose task was lost runs again at most this many times in the same step
@@ -83,6 +85,7 @@ def run_batch(
                         f"it again (attempt {attempts[key]} of {LOST_RERUNS + 1})",
                     )
             pending = lost
+        _refuse_what_was_not_the_engines(session, entries)
     finally:
         for e in experiments:  # cut short (Ctrl-C, a cancel): what never ended is interrupted, not running
             eid = e.id or 0
@@ -91,6 +94,31 @@ def run_batch(
                 if now.status == "running":
                     store.update_experiment(now.model_copy(update={"status": "interrupted"}))
     return [entries[e.id or 0] for e in experiments]
+
+
+def _refuse_what_was_not_the_engines(session: Session, entries: dict[int, BatchEntry]) -> None:
+    """After a batch: runs lost again and again (Ray's own processes are gone) or stopped by an error of pivot's own
+    are recorded interrupted, and the run stops here with what happened, so no verdict rests on them."""
+    store = session.store
+    lost = [k for k, v in entries.items() if v.status == "lost"]
+    own = []
+    for k in entries:
+        e = store.get_experiment(k)
+        if e.status == "interrupted" and (e.failure_detail or "").startswith("pivot's own error"):
+            own.append(k)
+    if not lost and not own:
+        return
+    names = ", ".join(str(store.get_experiment(k).number) for k in sorted({*lost, *own}))
+    why = (
+        f"the executor lost them {LOST_RERUNS + 1} times (Ray's own processes are gone: its lease actor, a raylet or "
+        "a node)"
+        if lost
+        else f"an error of pivot's own: {entries[own[0]].message}"
+    )
+    raise PivotError(
+        f"experiment{'s' if ',' in names else ''} {names} recorded interrupted, not crashed: {why}",
+        hint=f"see `ray status` (or the line above), then `pivot resume {session.id}` runs them again",
+    )
 
 
 RANK = {"measured": 0, "failed": 1, "refused": 2, "interrupted": 3, "lost": 4}
@@ -142,7 +170,7 @@ def _prepare(session: Session, e: m.Experiment, entries: dict[int, BatchEntry], 
             config=e.config,
             workload=e.workload,
             gpus=engine.parallelism(e.config).gpus,
-            log_path=str(server_log_path(paths, session.id, engine.name, eid)),
+            log_path=str(server_log_path(paths, session.id, engine.name, e.number or eid)),
             raw_path=str(raw_run_file(session, eid, run)),
             mark=server_mark(store.path, session.id),
             ready_timeout_s=engine.ready_timeout_s,
@@ -151,6 +179,7 @@ def _prepare(session: Session, e: m.Experiment, entries: dict[int, BatchEntry], 
             objective=objective,
             capacity_start=start,
             audit=tuple(issues),
+            number=e.number,
         )
         for run in range(runs + 1, runs + n + 1)
     ]
@@ -179,6 +208,9 @@ def record_outcome(session: Session, outcome: TaskOutcome) -> BatchEntry:
         update |= {"status": "finished", "failure": outcome.failure or e.failure, "finished_at": outcome.finished_at}
         if outcome.profile is not None:
             _record_profile(session, eid, outcome.profile)
+    elif outcome.status == "failed" and outcome.failure == PIVOT_FAILURE:  # pivot's own error, not the engine's
+        update |= {"status": "interrupted" if not store.bench_results(eid) else e.status,
+                   "failure_detail": f"pivot's own error: {outcome.failure_detail or outcome.message}"[:500]}  # fmt: skip
     elif outcome.status in ("failed", "refused") and store.bench_results(eid):  # another run of it was measured
         update |= {"failure_detail": f"{task.label} did not start ({outcome.failure}): "
                    f"{outcome.failure_detail or outcome.message}"[:500]}  # fmt: skip
@@ -209,7 +241,7 @@ def _bring_log(session: Session, task: ExperimentTask, outcome: TaskOutcome) -> 
     path = Path(task.log_path)
     if outcome.log_text is None:
         return path if path.exists() else None
-    header = f"\n# pivot: experiment {task.experiment_id} run {task.run} on {outcome.placement.host}"
+    header = f"\n# pivot: {task.label} on {outcome.placement.host}"
     if outcome.placement.log_path:
         header += f" (its log there: {outcome.placement.log_path})"
     with contextlib.suppress(OSError):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -132,17 +133,27 @@ def descendants(roots: list[int]) -> list[int]:
 
 
 def spawn(
-    watch_pid: int, task_of: str, *, var: str = TASK_VAR, pids_file: str | None = None
+    watch_pid: int,
+    task_of: str,
+    *,
+    var: str = TASK_VAR,
+    pids_file: str | None = None,
+    remove: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
     """Start a keeper for the processes marked `var=task_of`, watching `watch_pid` (this worker; or, for a local Ray
-    instance, the driver that started it: then its processes are stopped one by one, with those in `pids_file`)."""
-    env = {k: v for k, v in os.environ.items() if k not in (TASK_VAR, LOCAL_RAY_VAR)}
+    instance, the driver that started it: then its processes are stopped one by one, with those in `pids_file`).
+    The folders in `remove` (a local instance's token and pids file) are removed once it has stopped them."""
+    from tools.engines.process import server_environ
+
+    env = {k: v for k, v in server_environ().items() if k not in (TASK_VAR, LOCAL_RAY_VAR)}  # it needs no key
     argv = [sys.executable, "-m", "tools.executors.keeper", "--watch", str(watch_pid)]
     start = proc_start(watch_pid)
     if start is not None:
         argv += ["--watch-start", start]
     argv += ["--mark", task_of] + (["--var", var] if var != TASK_VAR else [])
     argv += ["--pids-file", pids_file] if pids_file else []
+    for folder in remove:
+        argv += ["--remove", folder]
     return subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,
@@ -161,6 +172,7 @@ def keep(
     var: str = TASK_VAR,
     pids_file: str | None = None,
     poll_s: float = POLL_S,
+    remove: Sequence[str] = (),
 ) -> None:
     """Wait until `watch_pid` is gone, then stop what the task (or the local Ray instance) left running: the
     processes marked, and those the pids file lists (a process that renames itself, as Ray's agents do, loses the
@@ -172,6 +184,8 @@ def keep(
     else:
         stop_marked(task_of, var)
     stop_listed(pids_file)
+    for folder in remove:  # a killed driver's token would otherwise stay in /tmp
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -181,10 +195,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mark", required=True, help=f"the task's {TASK_VAR} value")
     parser.add_argument("--var", default=TASK_VAR, choices=[TASK_VAR, LOCAL_RAY_VAR], help="the variable marked")
     parser.add_argument("--pids-file", default=None, help="a file of 'pid start' lines to stop as well")
+    parser.add_argument("--remove", action="append", default=[], help="a folder to remove afterwards (repeatable)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the task ended normally and stopped its server
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of whoever started the worker is not for the keeper
-    keep(args.watch, args.watch_start, args.mark, var=args.var, pids_file=args.pids_file)
+    keep(args.watch, args.watch_start, args.mark, var=args.var, pids_file=args.pids_file, remove=args.remove)
     return 0
 
 

@@ -47,7 +47,8 @@ from urllib.parse import urlsplit
 from agent import models as m
 from agent.contracts import EventCallback, ExperimentTask, TaskEvent, TaskOutcome
 from agent.errors import PivotError
-from tools.executors.ray_task import Lease, Placed, placed_event, task_body
+from tools.engines.process import scrubbed_environ
+from tools.executors.ray_task import DriverGone, Lease, Placed, placed_event, task_body
 
 CANCEL_WAIT_S = 20.0  # after ray.cancel, how long the driver waits for the tasks to stop their servers
 CONNECT_CHECK_S = 5.0  # a cluster address that accepts no TCP connection in this time is refused at once
@@ -133,10 +134,12 @@ class RayExecutor:
             self._private_token()
             self._watch_local_instance()
             try:
-                ray.init(  # "local": a new instance even where RAY_ADDRESS names a cluster
-                    address="local", num_gpus=num_gpus, include_dashboard=False, log_to_driver=False,
-                    configure_logging=False,
-                )  # fmt: skip
+                # Ray's processes (and the servers its workers launch) inherit no key but Ray's own
+                with scrubbed_environ(keep=AUTH_VARS):
+                    ray.init(  # "local": a new instance even where RAY_ADDRESS names a cluster
+                        address="local", num_gpus=num_gpus, include_dashboard=False, log_to_driver=False,
+                        configure_logging=False,
+                    )  # fmt: skip
             except Exception as err:
                 self._restore_env()
                 raise PivotError(f"cannot start a local Ray instance: {err}", hint="see `ray status`") from err
@@ -169,7 +172,10 @@ class RayExecutor:
         os.environ[keeper.LOCAL_RAY_VAR] = mark
         self._local_dir = tempfile.mkdtemp(prefix="pivot-ray-local-")
         self._pids_file = str(Path(self._local_dir) / "pids")
-        self._local_keeper = keeper.spawn(os.getpid(), mark, var=keeper.LOCAL_RAY_VAR, pids_file=self._pids_file)
+        folders = [self._local_dir, *([self._token_dir] if self._token_dir else [])]
+        self._local_keeper = keeper.spawn(
+            os.getpid(), mark, var=keeper.LOCAL_RAY_VAR, pids_file=self._pids_file, remove=folders
+        )
         self._local_mark = mark
 
     def _list_local_instance(self) -> None:
@@ -366,6 +372,8 @@ class RayExecutor:
         cause = getattr(err, "cause", None)
         if isinstance(err, rx.TaskCancelledError) or isinstance(cause, (KeyboardInterrupt, rx.TaskCancelledError)):
             return self._ended(entry, "interrupted", f"cancelled{where}")
+        if isinstance(cause, DriverGone):  # the executor's own lease actor is gone: Ray's failure, not the engine's
+            return self._ended(entry, "lost", f"the executor's lease actor is gone{where}: {cause}")
         if isinstance(err, rx.RayTaskError) and not isinstance(cause, rx.RayError):
             shown = f"{type(cause).__name__}: {cause}" if cause is not None else _first_line(err)
             failure = "engine-not-installed" if isinstance(cause, ImportError) else "unknown"

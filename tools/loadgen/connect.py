@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import resource
 
@@ -46,6 +47,9 @@ def check_open_files(max_concurrency: int) -> None:
     _raise_open_files(max_concurrency + 256)
 
 
+MAX_MODELS_BYTES = 2**20
+
+
 async def probe(base_url: str, *, connect_timeout_s: float = 5.0, headers: dict[str, str] | None = None) -> str | None:
     """Fail fast when nothing answers at base_url; the served model's name from `GET /v1/models`, if it has one."""
     timeout = aiohttp.ClientTimeout(total=max(10.0, connect_timeout_s * 2), sock_connect=connect_timeout_s)
@@ -57,10 +61,13 @@ async def probe(base_url: str, *, connect_timeout_s: float = 5.0, headers: dict[
         ):
             if resp.status != 200:
                 return None
-            data = await resp.json(content_type=None)
+            raw = await resp.content.read(MAX_MODELS_BYTES + 1)  # a list of models, not a stream without end
+            if len(raw) > MAX_MODELS_BYTES:
+                return None
+            data = json.loads(raw)
             models = data.get("data") if isinstance(data, dict) else None
-            if models and isinstance(models[0], dict) and models[0].get("id"):
-                return str(models[0]["id"])
+            if isinstance(models, list) and models and isinstance(models[0], dict) and models[0].get("id"):
+                return str(models[0]["id"])[:512]
             return None
     except aiohttp.ClientConnectorError as e:
         reason = e.os_error.strerror if e.os_error and e.os_error.strerror else str(e)
@@ -69,8 +76,8 @@ async def probe(base_url: str, *, connect_timeout_s: float = 5.0, headers: dict[
         raise PivotError(f"cannot reach {base_url}: no answer within {connect_timeout_s:g} s", hint=hint) from e
     except aiohttp.InvalidURL as e:
         raise PivotError(f"bad base URL {base_url!r}", hint="write it like http://127.0.0.1:30000") from e
-    except (TimeoutError, aiohttp.ClientError, ValueError):
-        return None  # it answered the connection; /v1/models is optional
+    except (TimeoutError, aiohttp.ClientError, ValueError, RecursionError):
+        return None  # it answered the connection; /v1/models is optional (and may say anything)
 
 
 def auth_headers() -> dict[str, str]:

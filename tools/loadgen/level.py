@@ -314,10 +314,7 @@ class _Sweep:
         if len(errors) < len(outcomes):
             return
         if index == 0:  # nothing has worked yet: most likely a wrong endpoint or a wrong workload
-            hint = (
-                "check --endpoint (generate is SGLang's native API; completions and chat are the OpenAI ones) "
-                "and that the server accepts this workload"
-            )
+            hint = warmup_hint(spec.endpoint, spec.dataset_name, errors[0], self.vocab_size)
             if _VOCAB_ERROR.search(errors[0]):
                 hint = (
                     f"the prompts' token ids are drawn below {self.vocab_size:,}, more than the served model knows: "
@@ -331,3 +328,21 @@ class _Sweep:
                 detail=errors[0],
             )
         self._warmup_warnings = [f"every warmup request failed ({errors[0]})"]
+
+
+_VOCAB_WORDS = ("vocab", "token id", "out of range", "index out of", "input_ids")
+
+
+def warmup_hint(endpoint: str, dataset: str, error: str, vocab_size: int) -> str:
+    """What to check when every warmup request failed: the endpoint, and for random token ids the vocabulary they
+    are drawn from (`--vocab-size`, first when the server's error speaks of token ids)."""
+    endpoint_hint = "--endpoint (generate is SGLang's native API; completions and chat are the OpenAI ones)"
+    if endpoint == "chat" or dataset != "random-ids":
+        return f"check {endpoint_hint} and that the server accepts this workload"
+    vocab_hint = (
+        f"--vocab-size (the random token ids are drawn below {vocab_size:,}; give the model's vocabulary size, "
+        "`vocab_size` in its config.json, so every id is one the model knows)"
+    )
+    if any(w in error.lower() for w in _VOCAB_WORDS):
+        return f"check {vocab_hint}, then {endpoint_hint}"
+    return f"check {endpoint_hint} and {vocab_hint}"

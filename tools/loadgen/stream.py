@@ -28,6 +28,14 @@ def _short(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+MAX_SSE_LINE_BYTES = 16 * 2**20  # a /generate line carries the whole text so far: 16 MiB is millions of tokens
+
+
+def _count(value: object) -> bool:
+    """Whether a token count from the server is one: a whole number >= 0 (JSON true is no count)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 _raw_decode = json.JSONDecoder().raw_decode  # half the cost of json.loads on bytes, which this path runs per chunk
 
 
@@ -64,10 +72,21 @@ class _SSE:
         self.rest = b""
 
     def feed(self, data: bytes, now: float) -> None:
+        if b"\n" not in data:  # a line still arriving: appended in place (a copy per read would be quadratic)
+            if self.rest:
+                self.rest += data
+            else:
+                self.rest = bytearray(data)
+            if len(self.rest) > MAX_SSE_LINE_BYTES:
+                raise StreamError(f"an SSE line longer than {MAX_SSE_LINE_BYTES // 2**20} MiB without a newline")
+            return
         if self.rest:
-            data = self.rest + data
+            data = bytes(self.rest) + data  # once per line, not per read
         lines = data.split(b"\n")
-        self.rest = lines.pop()
+        last = lines.pop()
+        self.rest = bytearray(last) if last else b""
+        if len(last) > MAX_SSE_LINE_BYTES:
+            raise StreamError(f"an SSE line longer than {MAX_SSE_LINE_BYTES // 2**20} MiB without a newline")
         for line in lines:
             if line and line != b"\r":  # half the lines are the blank ones between events
                 self._line(line, now)
@@ -75,7 +94,7 @@ class _SSE:
     def end(self) -> None:
         """The answer is complete: a last line without its newline still counts."""
         if self.rest.strip():
-            line, self.rest = self.rest, b""
+            line, self.rest = bytes(self.rest), b""
             self._line(line, self.last_line_s)
 
     def _line(self, line: bytes, now: float) -> None:
@@ -96,7 +115,7 @@ class _SSE:
         try:
             text = payload.decode()
             obj, end = _raw_decode(text)
-        except ValueError:  # UnicodeDecodeError and JSONDecodeError alike
+        except (ValueError, RecursionError):  # UnicodeDecodeError, JSONDecodeError, and JSON nested past the stack
             raise StreamError("malformed SSE line") from None
         if (end != len(text) and text[end:].strip()) or not isinstance(obj, dict):
             raise StreamError("malformed SSE line")
@@ -106,9 +125,13 @@ class _SSE:
             raise StreamError(f"server error: {_short(str(message), 60)}")
         if self.generate:
             meta = obj.get("meta_info") or {}
+            if not isinstance(meta, dict):
+                raise StreamError("malformed SSE line: meta_info is not an object")
             if meta.get("finish_reason"):
                 self.finished = True
             completion = meta.get("completion_tokens")
+            if completion is not None and not _count(completion):
+                raise StreamError("malformed SSE line: meta_info.completion_tokens is not a count")
             if obj.get("text"):
                 self.text_seen = True
             if completion is None:  # a /generate without meta_info: one token per chunk with text
@@ -121,16 +144,24 @@ class _SSE:
                 self.counted = completion
             return
         usage = obj.get("usage")
+        if usage is not None and not isinstance(usage, dict):
+            raise StreamError("malformed SSE line: usage is not an object")
         if usage and usage.get("completion_tokens") is not None:
+            if not _count(usage["completion_tokens"]):
+                raise StreamError("malformed SSE line: usage.completion_tokens is not a count")
             self.output_len = usage["completion_tokens"]
         choices = obj.get("choices")
         if not choices:
             return
+        if not isinstance(choices, list) or not isinstance(choices[0], dict):
+            raise StreamError("malformed SSE line: choices is not a list of objects")
         choice = choices[0]
         if choice.get("finish_reason"):
             self.finished = True
         if self.chat:
             delta = choice.get("delta") or {}
+            if not isinstance(delta, dict):
+                raise StreamError("malformed SSE line: delta is not an object")
             content = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
         else:
             content = choice.get("text")

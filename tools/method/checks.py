@@ -80,18 +80,28 @@ def _not_released(mv: Moves, blocked: list[str]) -> Refusal:
     )
 
 
+def _no(mv: Moves, eid: Any) -> Any:
+    """The session's number of experiment `eid` (a ledger id), as refusals name it."""
+    try:
+        return mv.method.number(int(eid)) or eid
+    except (TypeError, ValueError):
+        return eid
+
+
 def _rerun(mv: Moves, eid: int) -> Refusal | None:
     if int(eid) in mv.reruns:
         return None
     e = mv.method.experiment(int(eid))
     if e is None:
-        ids = ", ".join(str(x.id) for x in mv.method.experiments) or "none"
-        return _refuse(mv, "one_change", f"no experiment {eid} in this session; experiments: {ids}")
+        ids = ", ".join(str(x.number) for x in mv.method.experiments) or "none"
+        return _refuse(mv, "one_change", f"no experiment {_no(mv, eid)} in this session; experiments: {ids}")
     if e.status == "failed" and mv.method.run_count(e) == 0:
-        return _refuse(mv, "one_change", f"experiment {eid} never started ({e.failure}): there is nothing to rerun")
+        return _refuse(
+            mv, "one_change", f"experiment {_no(mv, eid)} never started ({e.failure}): there is nothing to rerun"
+        )
     if mv.phase != "work":
-        return _phase(mv, f"a rerun of experiment {eid}")
-    return _refuse(mv, "one_change", f"experiment {eid} cannot be rerun now")
+        return _phase(mv, f"a rerun of experiment {_no(mv, eid)}")
+    return _refuse(mv, "one_change", f"experiment {_no(mv, eid)} cannot be rerun now")
 
 
 def _launch(mv: Moves, args: dict[str, Any]) -> Refusal | None:
@@ -118,7 +128,7 @@ def _launch(mv: Moves, args: dict[str, Any]) -> Refusal | None:
         base = method.baseline(plan.item(named[0]).workload_for(plan.workload) if named else None)
         if base is not None and method.run_count(base) > 0:
             return _refuse(
-                mv, "baseline", f"the baseline is measured (experiment {base.id}): rerun it by its experiment_id"
+                mv, "baseline", f"the baseline is measured (experiment {base.number}): rerun it by its experiment_id"
             )
         return _phase(mv, "a baseline")
     if mv.phase != "work":
@@ -177,7 +187,7 @@ def _launch(mv: Moves, args: dict[str, Any]) -> Refusal | None:
         return _refuse(
             mv,
             "one_change",
-            f"experiment {twice.id} already measured this configuration ({config}): nothing is run twice; rerun it "
+            f"experiment {twice.number} already measured this configuration ({config}): nothing is run twice; rerun it "
             f"by its experiment_id to add a run",
         )
     return None
@@ -232,19 +242,23 @@ def _verdict(mv: Moves, args: dict[str, Any]) -> Refusal | None:
             return _refuse(
                 mv,
                 "verdict",
-                f"experiment {eid} is {what} {' or '.join(mv.verdicts[eid])}, not {verdict}"
+                f"experiment {_no(mv, eid)} is {what} {' or '.join(mv.verdicts[eid])}, not {verdict}"
                 + (f" ({j.text})" if j is not None else ""),
             )
         if eid in mv.reruns and mv.phase in ("baseline", "judge"):
-            return _refuse(mv, "verdict", f"experiment {eid} waits for a run before its verdict: {mv.reruns[eid]}")
+            return _refuse(
+                mv, "verdict", f"experiment {_no(mv, eid)} waits for a run before its verdict: {mv.reruns[eid]}"
+            )
         e = method.experiment(eid)
         if e is None:
-            return _refuse(mv, "verdict", f"no experiment {eid} in this session")
+            return _refuse(mv, "verdict", f"no experiment {_no(mv, eid)} in this session")
         if e.verdict is not None:
-            return _refuse(mv, "verdict", f"experiment {eid} already has its verdict ({e.verdict}): {e.reason or ''}")
+            return _refuse(
+                mv, "verdict", f"experiment {_no(mv, eid)} already has its verdict ({e.verdict}): {e.reason or ''}"
+            )
         if method.run_count(e) == 0 and e.status != "failed":
-            return _refuse(mv, "verdict", f"experiment {eid} was not measured: run_benchmark it first")
-        return _phase(mv, f"a verdict of experiment {eid}")
+            return _refuse(mv, "verdict", f"experiment {_no(mv, eid)} was not measured: run_benchmark it first")
+        return _phase(mv, f"a verdict of experiment {_no(mv, eid)}")
     if item is None:
         return _refuse(
             mv, "verdict", "give experiment_id (or plan_item with verdict ruled_out, not_measured or predicted)"

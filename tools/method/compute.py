@@ -70,7 +70,7 @@ def _baseline(method: Method, mv: Moves) -> bool:
         j = method.judge(base)
         mv.judgements[base.id or 0] = j
         mv.verdicts[base.id or 0] = permitted(method, base, j) or ("crashed",)
-        mv.why = f"record the verdict of the baseline (experiment {base.id}): {j.text}"
+        mv.why = f"record the verdict of the baseline (experiment {base.number}): {j.text}"
         return True
     if failed:
         if d.stopped_at is not None:
@@ -82,7 +82,7 @@ def _baseline(method: Method, mv: Moves) -> bool:
             return True
         kind = "benchmark" if base.failure in BENCHMARK_REFUSED else "baseline"
         mv.phase = "pivot"
-        mv.pivot = PivotDue(kind, why=f"the baseline (experiment {base.id}) did not run: {base.failure or 'failed'}",
+        mv.pivot = PivotDue(kind, why=f"the baseline (experiment {base.number}) did not run: {base.failure or 'failed'}",
                             experiment_id=base.id)  # fmt: skip
         mv.why = mv.pivot.why
         return True
@@ -101,13 +101,13 @@ def _baseline(method: Method, mv: Moves) -> bool:
             f"one more run of the baseline (run {runs + 1}, {BASELINE_RUNS_MAX} at most)"
         )
         mv.reruns[base.id or 0] = why
-        mv.why = f"{why}: rerun experiment {base.id} (launch_server experiment_id={base.id}, run_benchmark)"
+        mv.why = f"{why}: rerun experiment {base.number} (launch_server experiment_id={base.number}, run_benchmark)"
         return True
     if base.verdict is None:
         j = method.judge(base)
         mv.judgements[base.id or 0] = j
         mv.verdicts[base.id or 0] = permitted(method, base, j) or ("baseline",)
-        mv.why = f"record the baseline's verdict (experiment {base.id}: {j.text})"
+        mv.why = f"record the baseline's verdict (experiment {base.number}: {j.text})"
         return True
     mv.phase = "work"
     return False
@@ -233,7 +233,7 @@ def _work(session: Session, method: Method, mv: Moves) -> None:
         if twice is not None:  # asked for what ran already on this configuration: one more run of it
             if any(r.finished_at is not None and r.finished_at > since for r in method.runs.get(twice.id or 0, [])):
                 continue  # done: it was run again since
-            step = search.Step("launch", step.items, f"asked for again: experiment {twice.id} runs once more",
+            step = search.Step("launch", step.items, f"asked for again: experiment {twice.number} runs once more",
                                experiment_id=twice.id)  # fmt: skip
         why = _cannot(method, mv, step)
         if why is not None:  # asked for what cannot be run: said once, at the next pivot
@@ -249,7 +249,7 @@ def _work(session: Session, method: Method, mv: Moves) -> None:
         settled = [e for e in method.final(item) if e.verdict == audited.action]
         if audited.action in ("ruled_out", "not_measured") and settled:  # settled for good: said once
             if unclear is None and not any(p.asked_at > since for p in method.pivots):
-                unclear = f"Item {item_id} cannot be run: experiment {settled[-1].id}: {settled[-1].reason}."
+                unclear = f"Item {item_id} cannot be run: experiment {settled[-1].number}: {settled[-1].reason}."
             continue
         requests.append(audited)
     searched = [] if d.stopped_at is not None else search.ranked_steps(method, d, validate)
@@ -343,7 +343,7 @@ def _pivot_due(session: Session, method: Method, mv: Moves, work: bool, unclear:
     closes = tuple(sorted(d.open)) if d.open and not work else ()
     for e in since:
         if e.failure in BENCHMARK_REFUSED:
-            return PivotDue("benchmark", closes, f"the server refused experiment {e.id}'s benchmark", e.id)
+            return PivotDue("benchmark", closes, f"the server refused experiment {e.number}'s benchmark", e.id)
     for e in since:
         item = plan.item(e.plan_item) if e.plan_item in plan.item_ids() else None
         if e.verdict == "crashed" and promising(method, item):

@@ -61,7 +61,7 @@ def _check_step(moves: Moves, session: Session, tool: str, args: Args) -> str | 
     seen: set[str] = set()
     for member in members:
         rerun = member.get("experiment_id")
-        items = [f"experiment {rerun}"] if rerun is not None else [
+        items = [f"experiment {moves.method.number(rerun) or rerun}"] if rerun is not None else [
             *(str(x) for x in member.get("plan_items") or []), *([str(member["plan_item"])] if member.get("plan_item") and not member.get("plan_items") else [])
         ]  # fmt: skip
         twice = [i for i in items if i in seen]
@@ -244,6 +244,12 @@ def _closed(tool_def: Any, moves: Moves, why: str) -> Any:
     )
 
 
+def _numbers(moves: Moves, experiment_ids: Any) -> list[int]:
+    """The session's numbers of these experiments (ledger ids): the values a model may give (tools/numbering.py
+    turns them back into ids before the guard reads them)."""
+    return sorted(moves.method.number(i) or i for i in experiment_ids)
+
+
 def _restrict(tool_def: Any, moves: Moves, executor: bool) -> Any:
     """The tool's definition as the moves allow it now: the plan items, experiments and verdicts it may take as
     the only values of its schema; a tool that cannot be called now says so (and why) and takes nothing."""
@@ -259,7 +265,7 @@ def _restrict(tool_def: Any, moves: Moves, executor: bool) -> Any:
         limits = {
             "plan_item": sorted(moves.items | moves.profiles | set(moves.retries) | moves.workload_baselines),
             "plan_items": sorted(moves.items) if len(moves.items) > 1 else [],
-            "experiment_id": sorted(moves.reruns),
+            "experiment_id": _numbers(moves, moves.reruns),
             "revert_items": sorted(moves.reverts),
         }
         if not (moves.baseline or moves.workload_baselines):
@@ -275,7 +281,7 @@ def _restrict(tool_def: Any, moves: Moves, executor: bool) -> Any:
             return _closed(tool_def, moves, moves.why or "no verdict is waiting")
         verdicts = {v for vs in moves.verdicts.values() for v in vs} | {v for vs in moves.settle.values() for v in vs}
         limits = {
-            "experiment_id": sorted(moves.verdicts),
+            "experiment_id": _numbers(moves, moves.verdicts),
             "plan_item": sorted(moves.settle),
             "verdict": sorted(verdicts),
         }

@@ -166,10 +166,10 @@ class Moves:
         for i in sorted(self.workload_baselines):
             out.append(f"launch_server baseline=True plan_item={i!r} (its workload's baseline)")
         for eid, verdicts in sorted(self.verdicts.items()):
-            out.append(f"record_verdict experiment_id={eid} verdict={'|'.join(verdicts)}")
+            out.append(f"record_verdict experiment_id={self.method.number(eid) or eid} verdict={'|'.join(verdicts)}")
         for eid, why in sorted(self.reruns.items()):
             if self.phase in ("baseline", "judge") or why != "a rerun adds a run":
-                out.append(f"launch_server experiment_id={eid} ({why})")
+                out.append(f"launch_server experiment_id={self.method.number(eid) or eid} ({why})")
         if self.phase == "work" and any(why == "a rerun adds a run" for why in self.reruns.values()):
             out.append("launch_server experiment_id=N to rerun a measured experiment")
         if self.items:

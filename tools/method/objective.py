@@ -40,7 +40,7 @@ class Throughput:
     unit: str = "output tok/s"
 
     def value(self, level: m.BenchLevel) -> float | None:
-        if level.max_concurrency is None or level.completed <= 0 or level.failed > 0:
+        if level.max_concurrency is None or not level.holds:  # failed, empty, or not a measurement (refused)
             return None
         return level.output_throughput
 

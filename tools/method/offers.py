@@ -91,7 +91,7 @@ def retry_offer(method: Method, crashed: m.Experiment) -> tuple[str, str] | None
         pred = ""
     head = f"retry {item.id} {item.title} with {flag}"
     return head, (
-        f"{head} (capped at concurrency {cap}, the last level that held in experiment {crashed.id}): 1 launch, 2 if it "
+        f"{head} (capped at concurrency {cap}, the last level that held in experiment {crashed.number}): 1 launch, 2 if it "
         f"gains{pred}"
     )
 
@@ -141,8 +141,10 @@ def option_text(method: Method, c: search.Candidate) -> tuple[str, str]:
     else:
         head = f"{c.items[0]} {plan.item(c.items[0]).title}: test it next"
         what = "the item on top of the best configuration"
+    best = method.best()
+    on = f" on the best now (experiment {best.number})" if best is not None else ""
     pred = (
-        f"the twin predicts {f'{c.estimate.change_pct:+.1f}%'}"
+        f"the twin predicts {f'{c.estimate.change_pct:+.1f}%'}{on}"
         if c.estimate.source == "twin" and c.estimate.change_pct is not None
         else c.estimate.note
     )

@@ -135,6 +135,11 @@ class Method:
     def experiment(self, experiment_id: int | None) -> m.Experiment | None:
         return next((e for e in self.experiments if e.id == experiment_id), None)
 
+    def number(self, experiment_id: int | None) -> int | None:
+        """The session's number of the experiment with this ledger id (what a user and a model call it)."""
+        e = self.experiment(experiment_id)
+        return e.number if e is not None else None
+
     # ---- levels
 
     def ok_values(self, e: m.Experiment) -> dict[int, list[float]]:
@@ -155,6 +160,22 @@ class Method:
                 for lv in r.levels
                 if lv.failed > 0 and lv.max_concurrency is not None
             }
+        )
+
+    def refused_levels(self, e: m.Experiment) -> list[int]:
+        """Levels of `e` refused as measurements (the twin fell behind its clock), which no judgement uses."""
+        return sorted(
+            {lv.max_concurrency for r in self.runs.get(e.id or 0, []) for lv in r.levels
+             if lv.refused and lv.max_concurrency is not None}
+        )  # fmt: skip
+
+    def _refused_clause(self, e: m.Experiment) -> str:
+        refused = self.refused_levels(e)
+        if not refused:
+            return ""
+        return (
+            f"; not a measurement at concurrency {', '.join(map(str, refused))} (this host fell behind the twin's "
+            "clock): not compared"
         )
 
     def run_count(self, e: m.Experiment) -> int:
@@ -385,6 +406,7 @@ class Method:
             if len(runs) > 1:
                 word = "spread" if len(runs) == 2 else "noise, twice the standard error of the mean"
                 text += f" (mean of {len(runs)} runs: {', '.join(_n(v) for v in runs)}; {word} {noise or 0:.1f}%)"
+            text += self._refused_clause(e)
             return Judgement(
                 suggestion="baseline", concurrency=top, after_tok_s=mean, runs_tok_s=runs, text=text, **common
             )
@@ -408,16 +430,17 @@ class Method:
         )
         text = (
             f"{change:+.1f}% {self.objective.unit} at concurrency {c} ({_n(b)} -> {measured}; experiment "
-            f"{e.base_experiment_id} "
-            f"-> {eid})"
+            f"{self.number(e.base_experiment_id)} "
+            f"-> {e.number})"
         ) + self._band_clause(suggestion, change, band, noise)
         if suggestion == "superseded" and best is not None:
             bv = self.ok_values(best).get(c) or []
             at = f" with {_n(sum(bv) / len(bv))} {self.objective.unit} at concurrency {c}" if bv else ""
             text += (
-                f", but experiment {best.id}, run beside it, became the best{at}: not adopted (the search weighs it "
+                f", but experiment {best.number}, run beside it, became the best{at}: not adopted (the search weighs it "
                 "again on the new best)"
             )
+        text += self._refused_clause(e)
         if noops:
             text += f"; {', '.join(noops)} {'is' if len(noops) == 1 else 'are'} accepted but read nowhere (no-op)"
         if unmodelled:

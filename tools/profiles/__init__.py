@@ -294,16 +294,25 @@ class ModelProfile(_Profile):
 
 
 def _load(kind: str, ref: str, model: type[BaseModel]) -> BaseModel:
-    path = Path(ref)
-    if not (path.suffix == ".toml" and path.is_file()):
+    from agent.plans import is_profile_path
+
+    known = ", ".join(names(kind)) or "none"
+    what = {"models": "model", "hardware": "hardware"}.get(kind, kind)
+    if is_profile_path(ref):  # a file: where it was looked for is the path itself (a plan's, from its directory)
+        path = Path(ref).expanduser()
+        if not path.is_file():
+            raise PivotError(
+                f"no {what} profile file {path.resolve()}; the shipped {what} profiles: {known}",
+                hint="a relative path in a plan is read from the plan file's directory; on the command line, from "
+                "the current one",
+            )
+    else:
         path = HERE / kind / f"{ref}.toml"
-    if not path.is_file():
-        known = ", ".join(names(kind)) or "none"
-        what = {"models": "model", "hardware": "hardware"}.get(kind, kind)
-        raise PivotError(
-            f"no {what} profile {ref!r}; the {what} profiles that exist: {known}",
-            hint=f"a {what} profile is a TOML file in {HERE / kind} (the README's Profiles section)",
-        )
+        if not path.is_file():
+            raise PivotError(
+                f"no {what} profile {ref!r} in {HERE / kind}; the {what} profiles that exist: {known}",
+                hint=f"name one of those, or give a path to a .toml {what} profile (the README's Profiles section)",
+            )
     try:
         return model.model_validate(tomllib.loads(path.read_text(encoding="utf-8")))
     except tomllib.TOMLDecodeError as e:

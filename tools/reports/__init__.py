@@ -22,6 +22,7 @@ only when charts are drawn). Only this package writes under docs_out/.
 
 from tools.reports.common import (
     CHANGE_FORMULA,
+    FINISHED_QUESTION,
     IMPROVEMENT_HEADINGS,
     KEPT_VERDICTS,
     SET_ASIDE,
@@ -56,6 +57,7 @@ __all__ = [
     "BEST_ALIGN",
     "BEST_HEADER",
     "CHANGE_FORMULA",
+    "FINISHED_QUESTION",
     "IMPROVEMENT_HEADINGS",
     "KEPT_VERDICTS",
     "SET_ASIDE",

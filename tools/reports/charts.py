@@ -3,8 +3,9 @@
 Each series is one experiment's sweep: concurrency on a log2 axis (labelled as such), one point per level that
 completed requests. A reader tells them apart at a glance: every series has its own marker and colour and is
 labelled where its line ends (#id), the legend below the plot gives each label whole, the baseline's noise band
-is shaded (a change inside it is no change), and a level where requests failed is marked with a cross and the
-word "crashed".
+is shaded (a change inside it is no change), and a level where requests failed is a gap in its line with a cross
+along the bottom of the plot and the words "crashed at": it has no value, so none is drawn (the last value that held
+would read as what the crashed level gave).
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def line_chart(
     """Value against concurrency, one line per experiment; the baseline dashed, the best thick and red.
 
     `band`: (the baseline's points, the noise band in %): shaded as baseline x (1 +- band), the range a change must
-    leave to count. Levels in a series' `crashes` get a cross at the height of its last point before them."""
+    leave to count. Levels in a series' `crashes` are gaps: a cross on the concurrency axis, never a value."""
     return _png(line_figure(series, title=title, ylabel=ylabel, note=note, band=band))
 
 
@@ -123,6 +124,7 @@ def line_figure(
         levels.update(xs)
         top = max(top, *hi)
     tried = 0
+    crashed_rows = 0  # one row of crosses per crashed series, along the bottom of the plot
     tags: list[tuple[float, float, str, str]] = []
     for s in sorted(series, key=lambda s: {"best": 0, "baseline": 1, "tried": 2}[s.role]):
         if not s.points and not s.crashes:
@@ -141,18 +143,18 @@ def line_figure(
             top = max(top, *ys)
             if s.tag and not s.crashes:
                 tags.append((xs[-1], ys[-1], s.tag, style["color"]))
-        if s.crashes:
+        if s.crashes:  # a gap in the line and a cross on the axis: a crashed level has no value to draw
             failed = sorted(s.crashes)
-            before = [x for x in xs if x < failed[0]]
-            y = s.points[before[-1]] if before else 0.0
-            ax.plot(failed, [y] * len(failed), marker="X", markersize=13, color=style["color"],
-                    markeredgecolor="black", zorder=6, linestyle=":", linewidth=1.2)  # fmt: skip
-            if before:
-                ax.plot([before[-1], failed[0]], [y, y], linestyle=":", color=style["color"], linewidth=1.2)
+            row = 0.035 + 0.06 * crashed_rows
+            crashed_rows += 1
+            on_axis = ax.get_xaxis_transform()  # x in data, y in axes fractions: the cross sits on no value
+            ax.plot(failed, [row] * len(failed), transform=on_axis, marker="X", markersize=12, color=style["color"],
+                    markeredgecolor="black", zorder=6, linestyle="none", clip_on=False)  # fmt: skip
             why = sorted(set(s.crashes.values()))
             words = f"{s.tag + ' ' if s.tag else ''}crashed at {', '.join(map(str, failed))}"
-            ax.annotate(words + (f" ({', '.join(why)})" if why else ""), (failed[-1], y), xytext=(10, -22),
-                        textcoords="offset points", fontsize=8, color="#b00000", ha="right", zorder=7,
+            ax.annotate(words + (f" ({', '.join(why)})" if why else ""), (failed[0], row), xycoords=on_axis,
+                        xytext=(-10, 0), textcoords="offset points", fontsize=8, color="#b00000", ha="right",
+                        va="center", zorder=7,
                         bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85})  # fmt: skip
     if levels:
         _levels_axis(ax, sorted(levels))

@@ -27,6 +27,10 @@ VERDICT_WORDS = {
     None: "not judged",
 }
 CHANGE_FORMULA = "change = (after - before) / before x 100, per level"
+# The question a finished campaign's summary ends on (no options: any answer is a new direction).
+FINISHED_QUESTION = (
+    "The campaign is finished. To go on, resume this session with an item to test again or a new direction."
+)
 
 
 class SessionLike(Protocol):

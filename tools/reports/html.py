@@ -109,7 +109,7 @@ def _charts(ledger: Ledger, charts: Any) -> list[tuple[str, str, bytes]]:
         )
         change = ledger.change_text(e).removeprefix("base flags: ")
         verdict = f" ({VERDICT_WORDS[e.verdict]})" if e.verdict not in (None, "baseline") else ""
-        return f"#{e.id} {words}: {change}{verdict}"
+        return f"#{e.number} {words}: {change}{verdict}"
 
     simulated = any(ledger.sources.get(e.id or 0) == "simulated" for e in exps)
     note = "simulated by pivot's digital twin" if simulated else ""
@@ -122,7 +122,7 @@ def _charts(ledger: Ledger, charts: Any) -> list[tuple[str, str, bytes]]:
                 {c: getattr(lv, metric) for c, lv in ledger.ok_levels(e).items()},
                 role(e),
                 crashes=crashes(e),
-                tag=f"#{e.id}",
+                tag=f"#{e.number}",
             )
             for e in exps
         ]
@@ -173,7 +173,7 @@ def _power_chart(ledger: Ledger, charts: Any, exps: list[m.Experiment], role: An
                 points[c] = w
                 limit = limit or lim
         if points:
-            power_series.append(charts.Series(label(e), points, role(e), tag=f"#{e.id}"))
+            power_series.append(charts.Series(label(e), points, role(e), tag=f"#{e.number}"))
     if not power_series:
         return []
     return [
@@ -198,7 +198,7 @@ def _energy_chart(ledger: Ledger, charts: Any, exps: list[m.Experiment], role: A
         joules = ledger.energy(e, c)[1]
         if joules:
             tok_s = ledger.ok_levels(e)[c].output_throughput
-            points.append(charts.EnergyPoint(label(e), tok_s, joules, role(e), tag=f"#{e.id}"))
+            points.append(charts.EnergyPoint(label(e), tok_s, joules, role(e), tag=f"#{e.number}"))
     if len(points) < 2:
         return []
     front = ", ".join(p.tag for p in charts.pareto_front(points))
@@ -231,7 +231,7 @@ def _attainment_chart(ledger: Ledger, charts: Any, exps: list[m.Experiment], rol
             slos = slos or next((m.slo_text(lv.goodput_slos_ms) for lv in levels.values() if lv.goodput_slos_ms), "")
             extra = {}
         if points:
-            series.append(charts.Series(label(e), points, role(e), extra=extra, tag=f"#{e.id}"))
+            series.append(charts.Series(label(e), points, role(e), extra=extra, tag=f"#{e.number}"))
     if not series:
         return []
     xlabel = "concurrency (max_concurrency)" if axis == "concurrency" else "request rate (req/s, Poisson arrivals)"

@@ -22,10 +22,10 @@ def item_status(ledger: Ledger, item: m.PlanItem) -> tuple[str, list[m.Experimen
     back = ledger.taken_back(item.id)
     if back is not None and last.verdict == "adopted" and (back.id or 0) > (last.id or 0):
         why = back.revert_why or "a later change made it a brake"
-        return f"adopted, then taken back (experiment #{back.id}: {why})", exps
+        return f"adopted, then taken back (experiment #{back.number}: {why})", exps
     together = f" (together with {', '.join(i for i in last.plan_items if i != item.id)})" if last.combined else ""
     if last.verdict == "predicted":
-        return f"not launched: {VERDICT_WORDS[last.verdict]}", exps
+        return "not launched: the twin predicts no gain", exps
     if last.verdict == "not_measured":
         return "not measured: the twin does not model it (for a GPU)", exps
     if last.verdict is not None:
@@ -85,7 +85,7 @@ def render_improvement(ledger: Ledger, item: m.PlanItem) -> tuple[str, str, list
         ["Tier", tier],
         ["Kind", item.kind],
         ["Status", status],
-        ["Experiments", ", ".join(f"#{i}" for i in ids) or "none yet"],
+        ["Experiments", ", ".join(f"#{e.number}" for e in exps if e.id is not None) or "none yet"],
     ]
     out = [f"# {item.id} {item.title}", "", _table(["field", "value"], rows), ""]
     out += ["## Rationale", "", item.hypothesis.strip(), ""]
@@ -123,7 +123,14 @@ def render_improvement(ledger: Ledger, item: m.PlanItem) -> tuple[str, str, list
         ]
     if tested is not None and item.kind != "code":
         engine = ledger.plan.target.engine
-        out += [f"Command line of experiment #{tested.id}:", "", "```", f"{engine} serve {tested.config}", "```", ""]
+        out += [
+            f"Command line of experiment #{tested.number}:",
+            "",
+            "```",
+            f"{engine} serve {tested.config}",
+            "```",
+            "",
+        ]
         if tested.audit:
             out += [
                 f"Flag audit against {engine} {plan.target.engine_version or ''}".rstrip() + ":",
@@ -143,13 +150,17 @@ def render_improvement(ledger: Ledger, item: m.PlanItem) -> tuple[str, str, list
 
 
 def _status_sentence(item: m.PlanItem, status: str, tested: m.Experiment | None) -> str:
+    """The item's status once, with the experiment it rests on; a reason that would repeat the status is left to
+    the Result section, which gives it whole."""
     if item.kind == "code":
         return "Documented. This is a change for you to make in the code; pivot will measure it once it is deployed."
     if tested is None:
         return "Proposed: not tested yet."
-    text = f"{status[0].upper()}{status[1:]} (experiment #{tested.id})."
-    if tested.reason:
+    text = f"{status[0].upper()}{status[1:]} (experiment #{tested.number})."
+    if tested.reason and tested.verdict not in ("predicted", "ruled_out", "not_measured"):
         text += f" {tested.reason}"
+    elif tested.verdict in ("predicted", "ruled_out", "not_measured"):
+        text += " The Result section says why."
     return text
 
 
@@ -162,23 +173,23 @@ def _result_section(ledger: Ledger, item: m.PlanItem, e: m.Experiment) -> list[s
     if e.combined:
         others = ", ".join(f"{i} {ledger.plan.item(i).title}" for i in e.plan_items if i != item.id)
         out += [
-            f"Experiment #{e.id} tested this item together with {others} as one step ({_items(e)}): the result "
+            f"Experiment #{e.number} tested this item together with {others} as one step ({_items(e)}): the result "
             "below is the combination's, not this item's alone.",
             "",
         ]
-    if e.prediction:
-        out += [f"Before the launch, the search's prediction: {e.prediction}.", ""]
+    out += _predictions(ledger, item, e)
     if e.verdict in ("predicted", "ruled_out") and not every and e.status != "failed":
-        out += [f"Experiment #{e.id} was not launched: {e.reason or VERDICT_WORDS[e.verdict]}", ""]
+        why = (e.reason or VERDICT_WORDS[e.verdict]).removeprefix("not launched: ")
+        out += [f"Experiment #{e.number} was not launched: {why}", ""]
         return out
     if e.status == "failed" and not every:
-        out += [f"Experiment #{e.id} did not run: {e.failure or 'failed'}. {e.reason or ''}".strip()]
+        out += [f"Experiment #{e.number} did not run: {e.failure or 'failed'}. {e.reason or ''}".strip()]
         if e.log_path:
             out += ["", f"Server log: {_inline_code(e.log_path)}"]
         return [*out, ""]
     if e.verdict == "not_measured":
         ran = (
-            f" The twin ran experiment #{e.id}, but its numbers leave this change out, so they are not a result."
+            f" The twin ran experiment #{e.number}, but its numbers leave this change out, so they are not a result."
             if every
             else " No launch was spent on it."
         )
@@ -191,7 +202,7 @@ def _result_section(ledger: Ledger, item: m.PlanItem, e: m.Experiment) -> list[s
     before = ledger.ok_levels(base) if base else {}
     levels = sorted(set(every) | set(before))
     if not levels:  # launched, but nothing measured yet (cut short, or still running)
-        return [*out, f"Experiment #{e.id} has no measured level yet ({e.status}).", ""]
+        return [*out, f"Experiment #{e.number} has no measured level yet ({e.status}).", ""]
     rows = []
     for c in levels:
         b, a = before.get(c), every.get(c)
@@ -209,28 +220,52 @@ def _result_section(ledger: Ledger, item: m.PlanItem, e: m.Experiment) -> list[s
                 _joules(ledger.energy(e, c)[1]) if a and not failed else "",
             ]
         )
-    b_id = f"#{base.id}" if base else "none"
+    b_id = f"#{base.number}" if base else "none"
     header = [
         "concurrency",
         f"output tok/s before ({b_id})",
-        f"after (#{e.id})",
+        f"after (#{e.number})",
         "change",
         f"mean TPOT ms before ({b_id})",
-        f"after (#{e.id})",
+        f"after (#{e.number})",
         "change",
         f"J per output token before ({b_id})",
-        f"after (#{e.id})",
+        f"after (#{e.number})",
     ]
     if source == "simulated":
         out += ["Simulated by pivot's digital twin of SGLang, not measured on GPUs.", ""]
     out += [_table(header, rows, ["r"] * 9), "", f"Formula: {CHANGE_FORMULA}.", ""]
     out += [f"Verdict: **{VERDICT_WORDS[e.verdict]}**" + (f". {e.reason}" if e.reason else "."), ""]
-    if base is not None:
+    if base is not None and e.combined:  # one item's expected range says nothing of a combination's change
+        out += [
+            f"Not compared with this item's expected impact ({item.expected_impact.strip().rstrip('.')}): the change "
+            f"above is the combination's ({_items(e)}), not this item's alone.",
+            "",
+        ]
+    elif base is not None:
         out += [_expected_comparison(parse_expectation(item.expected_impact), before, after), ""]
     crashed = [c for c, lv in every.items() if lv.failed > 0]
     if crashed:
         errors = sorted({err for c in crashed for err in every[c].errors})
         out += [f"Failed requests at concurrency {', '.join(map(str, sorted(crashed)))}: {'; '.join(errors[:3])}.", ""]
+    return out
+
+
+def _predictions(ledger: Ledger, item: m.PlanItem, e: m.Experiment) -> list[str]:
+    """The search's prediction for `e`, saying what it was made against; and, when the item was predicted before on
+    another best, that earlier prediction named as an earlier one (so two numbers on a page never compete)."""
+    out: list[str] = []
+    if e.prediction and e.verdict != "predicted":  # a predicted experiment's reason gives its prediction whole
+        out += [f"Before the launch of experiment #{e.number}, the search's prediction: {e.prediction}.", ""]
+    earlier = [x for x in ledger.item_experiments(item.id) if x.id != e.id and x.predicted_change_pct is not None]
+    for x in earlier:
+        against = ledger.number(x.base_experiment_id)
+        out += [
+            f"Earlier, on experiment #{against} (the best then), experiment #{x.number} had the prediction "
+            f"{x.predicted_change_pct:+.1f}%; the one above (experiment #{e.number}, on experiment "
+            f"#{ledger.number(e.base_experiment_id)}) is the current one.",
+            "",
+        ]
     return out
 
 

@@ -54,7 +54,7 @@ class Ledger:
                         by_level.setdefault(level.max_concurrency, []).append(level)
             levels[eid] = {c: m.BenchLevel.mean(lvs) for c, lvs in by_level.items()}
             for c, lvs in by_level.items():
-                ok = [lv.output_throughput for lv in lvs if lv.completed > 0 and lv.failed == 0]
+                ok = [lv.output_throughput for lv in lvs if lv.holds]
                 if (noise := m.BenchLevel.noise_pct(ok)) is not None:
                     spread.setdefault(eid, {})[c] = noise
             telemetry[eid] = {t.max_concurrency: t for t in store.telemetry(eid) if t.max_concurrency is not None}
@@ -92,19 +92,28 @@ class Ledger:
     def experiment(self, experiment_id: int | None) -> m.Experiment | None:
         return next((e for e in self.experiments if e.id == experiment_id), None)
 
+    def number(self, experiment_id: int | None) -> int | None:
+        """The session's number of the experiment with this ledger id (what a user and a model call it)."""
+        e = self.experiment(experiment_id)
+        return e.number if e is not None else None
+
     def ok_levels(self, e: m.Experiment) -> dict[int, m.BenchLevel]:
         """Levels that completed requests without failures."""
-        return {c: lv for c, lv in self.levels.get(e.id or 0, {}).items() if lv.completed > 0 and lv.failed == 0}
+        return {c: lv for c, lv in self.levels.get(e.id or 0, {}).items() if lv.holds}
 
     def figure(self, e: m.Experiment) -> tuple[float, int, int] | None:
         """The one number every view gives for an experiment: (output tok/s, concurrency, runs), the mean of its
-        runs at the level where that mean is highest (levels with failed requests left out). None when nothing
-        completed, or when the engine did not model the change (its numbers say nothing of it)."""
+        runs at the level it is judged at, as the method judges it: the highest level both it and the experiment it
+        changed completed (its own highest for a baseline or a run with no base), levels with failed requests or
+        refused as measurements left out. None when nothing completed, or when the engine did not model the change
+        (its numbers say nothing of it)."""
         ok = self.ok_levels(e)
         if not ok or e.verdict == "not_measured":
             return None
-        c, level = max(ok.items(), key=lambda kv: (kv[1].output_throughput, kv[0]))
-        return level.output_throughput, c, self.runs.get(e.id or 0, 0)
+        base = None if e.kind == "baseline" or e.verdict == "baseline" else self.base_of(e)
+        shared = sorted(set(ok) & set(self.ok_levels(base))) if base is not None else []
+        c = shared[-1] if shared else max(ok)
+        return ok[c].output_throughput, c, self.runs.get(e.id or 0, 0)
 
     def figure_text(self, e: m.Experiment) -> str:
         """`figure` in words: "2,046 @2048 (2 runs)" (the mean of 2 runs), "" when there is none."""
@@ -113,6 +122,13 @@ class Ledger:
             return ""
         tok_s, c, runs = found
         return f"{tok_s:,.0f} @{c} ({runs} run{'s' if runs != 1 else ''})"
+
+    def best(self) -> m.Experiment | None:
+        """The best configuration now on the plan's workload, as the method reads it: the last adopted change, else
+        the baseline."""
+        key = self.workload_key()
+        adopted = [e for e in self.experiments if e.verdict == "adopted" and e.workload.workload_key() == key]
+        return adopted[-1] if adopted else self.baseline()
 
     def base_of(self, e: m.Experiment) -> m.Experiment | None:
         return self.experiment(e.base_experiment_id)
@@ -126,10 +142,12 @@ class Ledger:
     def change_text(self, e: m.Experiment) -> str:
         """What the experiment changed, in SGLang's spelling: against its base, else the plan's base flags."""
         base = self.base_of(e)
+        if e.kind == "imported":  # the label the user gave it, then what it ran with
+            flags = config_text(e.config) if base is None else str(e.config.diff(base.config))
+            label = f"imported {e.title!r}" if e.title else "imported"
+            return f"{label}: {flags or '(flags not given)'}"
         if e.kind == "baseline" or e.verdict == "baseline":
             return "base flags: " + config_text(e.config)
-        if base is None and e.kind == "imported":
-            return config_text(e.config) or "(flags not given)"
         diff = e.config.diff(base.config if base else self.plan.target.base_config())
         return str(diff)
 

@@ -10,7 +10,14 @@ from typing import Any
 from agent import models as m
 from agent.errors import PivotError
 from agent.servers import fault_point
-from tools.reports.common import CHANGE_FORMULA, SET_ASIDE, STATUS_HEADINGS, VERDICT_WORDS, SessionLike
+from tools.reports.common import (
+    CHANGE_FORMULA,
+    FINISHED_QUESTION,
+    SET_ASIDE,
+    STATUS_HEADINGS,
+    VERDICT_WORDS,
+    SessionLike,
+)
 from tools.reports.expectations import Expectation, next_steps
 from tools.reports.html import write_status_html
 from tools.reports.ledger import Ledger, _items, config_text, plan_warnings
@@ -35,11 +42,22 @@ class Summary:
     series: dict[str, Any] = field(default_factory=dict)
 
 
-def _default_question(ledger: Ledger, steps: list[tuple[m.PlanItem, Expectation | None]]) -> tuple[str, list[str]]:
+def summary_question(
+    ledger: Ledger, number: int, steps: list[tuple[m.PlanItem, Expectation | None]]
+) -> tuple[str, list[str]]:
+    """The question a rebuilt summary ends on, from the ledger: the pivot that went with this summary (open or
+    answered: what was asked is what the file says), else the open pivot, else a finished campaign's own words,
+    else a question built from the next steps that pivot can run (a code item is the user's to make)."""
+    name = f"status-{number:03d}.md"
+    asked = [p for p in ledger.pivots if p.summary_path and p.summary_path.rsplit("/", 1)[-1] == name]
+    if asked:
+        return asked[-1].question, asked[-1].options
     open_ = [p for p in ledger.pivots if p.open]
     if open_:
         return open_[-1].question, open_[-1].options
-    options = [f"{item.id} {item.title}" for item, _ in steps[:3]]
+    if ledger.record.status == "finished":
+        return FINISHED_QUESTION, []
+    options = [f"{item.id} {item.title}" for item, _ in steps if item.kind != "code"][:3]
     options.append("Something else (say what)")
     return "Which of these should pivot pursue next, or do you have a different direction in mind?", options
 
@@ -72,7 +90,16 @@ def _effect_text(ledger: Ledger, e: m.Experiment) -> str:
     if e.status == "failed" and not levels:
         return f"did not start ({e.failure or 'failed'})"
     failed = sorted(c for c, lv in levels.items() if lv.failed > 0)
+    refused = sorted(c for c, lv in levels.items() if lv.refused and lv.failed == 0)
     ok = ledger.ok_levels(e)
+    return _effect_parts(ledger, e, ok, failed) + (
+        f"; not a measurement at {', '.join(map(str, refused))} (this host fell behind the twin's clock)"
+        if refused
+        else ""
+    )
+
+
+def _effect_parts(ledger: Ledger, e: m.Experiment, ok: dict[int, m.BenchLevel], failed: list[int]) -> str:
     base = ledger.base_of(e)
     if e.kind == "baseline" or e.verdict == "baseline" or base is None:
         if not ok:
@@ -115,7 +142,7 @@ def render_status(ledger: Ledger, number: int, question: str | None, options: Se
     steps = next_steps(ledger)
     out += ["## Next steps", "", *_next_steps(ledger, steps, tried)]
     if question is None:
-        question, options = _default_question(ledger, steps)
+        question, options = summary_question(ledger, number, steps)
     options = list(options or [])
     out += ["## Question", "", *_question(ledger, question, options)]
     text = "\n".join(out).rstrip() + "\n"
@@ -219,7 +246,7 @@ def _best_results(ledger: Ledger, used: set[int]) -> list[str]:
                 _tok(watts),
                 _joules(joules),
                 *attainment,
-                f"#{e.id}",
+                f"#{e.number}",
                 config_text(e.config) or "(no flags)",
                 ledger.sources.get(e.id or 0, ""),
             ]
@@ -257,7 +284,7 @@ def _capacity(ledger: Ledger, used: set[int]) -> list[str]:
         used.add(e.id or 0)
         measured = ", ".join(f"{p.load:g}: {p.attainment * 100:.0f}%" for p in sorted(cap.points, key=lambda p: p.load))
         predicted = "" if cap.predicted_capacity is None else f"{cap.predicted_capacity:g}"
-        rows.append([f"#{e.id}", _items(e) or e.kind, "" if cap.capacity is None else f"{cap.capacity:g}",
+        rows.append([f"#{e.number}", _items(e) or e.kind, "" if cap.capacity is None else f"{cap.capacity:g}",
                      cap.bracket_text, predicted, measured])  # fmt: skip
     slos = m.slo_text(found[0][1].slos_ms)
     header = ["experiment", "item", "capacity", "bracket", "twin's prediction", "attainment by load"]
@@ -278,7 +305,7 @@ def _what_was_tried(ledger: Ledger, tried: list[m.Experiment], used: set[int]) -
     rows = []
     for e in tried:
         used.add(e.id or 0)
-        rows.append([f"#{e.id}", _items(e), ledger.change_text(e), _effect(ledger, e), VERDICT_WORDS[e.verdict]])
+        rows.append([f"#{e.number}", _items(e), ledger.change_text(e), _effect(ledger, e), VERDICT_WORDS[e.verdict]])
     out = [_table(["experiment", "item", "change", "effect", "verdict"], rows), ""]
     out += [
         f"Effects compare each experiment with the one it changed, at the highest level both measured ({CHANGE_FORMULA}).",
@@ -315,7 +342,7 @@ def _revert_line(ledger: Ledger, e: m.Experiment) -> str:
         "adopted": f"dropped, {_signed(pct)}" if pct is not None else "dropped",
         None: "not judged yet",
     }.get(e.verdict, f"kept ({VERDICT_WORDS[e.verdict]}" + (f", {_signed(pct)})" if pct is not None else ")"))
-    return f"{why}: {result} (experiment #{e.id})"
+    return f"{why}: {result} (experiment #{e.number})"
 
 
 def _ruled_out(ledger: Ledger, tried: list[m.Experiment]) -> list[str]:
@@ -325,7 +352,7 @@ def _ruled_out(ledger: Ledger, tried: list[m.Experiment]) -> list[str]:
             label = f"items {_items(e)} together, " if e.combined else f"item {e.plan_item}, " if e.plan_item else ""
             title = e.title or ledger.change_text(e)
             why = e.reason or e.failure or "no reason recorded"
-            lines.append(f"- **{title}** ({label}experiment #{e.id}, {VERDICT_WORDS[e.verdict]}): {why}")
+            lines.append(f"- **{title}** ({label}experiment #{e.number}, {VERDICT_WORDS[e.verdict]}): {why}")
     for p in ledger.plan.prior:
         if p.verdict in ("adopted", "baseline"):
             continue
@@ -351,7 +378,7 @@ def _next_steps(
                 line += f" Plan check {errors[0]}"
             predicted = [e for e in ledger.item_experiments(item.id) if e.verdict == "predicted"]
             if predicted and prediction_text(predicted[-1]):
-                line += f" Not launched: the twin {prediction_text(predicted[-1])} (experiment #{predicted[-1].id})."
+                line += _predicted_note(ledger, predicted[-1])
             out.append(line)
         out += [
             "",
@@ -376,6 +403,19 @@ def _next_steps(
             "",
         ]
     return out
+
+
+def _predicted_note(ledger: Ledger, p: m.Experiment) -> str:
+    """An item not launched: the prediction, the best it was made against, and whether that is still the best."""
+    against = ledger.number(p.base_experiment_id)
+    note = (
+        f" Not launched: when experiment #{p.number} was recorded, the twin {prediction_text(p)} against experiment "
+        f"#{against}, corrected to what was measured then"
+    )
+    best = ledger.best()
+    if best is not None and best.id != p.base_experiment_id:
+        note += f" (experiment #{best.number} is the best now)"
+    return note + "; a prediction in the question below is the current one."
 
 
 def _question(ledger: Ledger, question: str, options: list[str]) -> list[str]:
@@ -418,14 +458,20 @@ def _root_cause(ledger: Ledger, used: set[int]) -> list[str]:
         fs = [f for f in ledger.findings if f.experiment_id == eid]
         verdict = next(f for f in fs if f.kind == "bottleneck")
         if verdict.category is None:  # no roofline for this hardware, or the profiles contradicted: measurements only
-            out += [f"**No bottleneck named**, from the analysis of experiment #{eid}. {verdict.text}", ""]
+            out += [
+                f"**No bottleneck named**, from the analysis of experiment #{ledger.number(eid)}. {verdict.text}",
+                "",
+            ]
             out += _measured_levels(fs)
             if claims:
                 out += ["Plan checks (physics and direction):", ""]
                 out += [f"- {f.severity}: {f.text}" for f in claims] + [""]
             return out
         title = m.BOTTLENECK_TITLES.get(verdict.category or "", verdict.category or "")
-        out += [f"**{title[0].upper()}{title[1:]}**, from the analysis of experiment #{eid}. {verdict.text}", ""]
+        out += [
+            f"**{title[0].upper()}{title[1:]}**, from the analysis of experiment #{ledger.number(eid)}. {verdict.text}",
+            "",
+        ]
         evidence = [f for f in fs if f.kind == "evidence" and f.category == verdict.category]
         out += [f"- {f.text}" for f in evidence] + [""]
         scaling = [f for f in fs if f.kind == "scaling"]
@@ -507,7 +553,7 @@ def _investigations(ledger: Ledger) -> list[str]:
     """Each sub-agent investigation: its question, what it read, its model's use and its report (quoted)."""
     out: list[str] = []
     for inv in ledger.investigations:
-        about = f", experiment #{inv.experiment_id}" if inv.experiment_id is not None else ""
+        about = f", experiment #{ledger.number(inv.experiment_id)}" if inv.experiment_id is not None else ""
         tools = ", ".join(dict.fromkeys(inv.tools_used)) or "no tools"
         tokens = inv.input_tokens + inv.output_tokens
         out += [

@@ -15,7 +15,7 @@ def _text(value: str) -> Text:
 
 
 class SidePanel(Vertical):
-    """The todo list (status, priority) and the experiments (change, best output tok/s, verdict)."""
+    """The todo list (status, priority) and the experiments (change, output tok/s at the judged level, verdict)."""
 
     DEFAULT_CSS = """
     SidePanel { width: 45%; max-width: 72; min-width: 36; border-left: solid $primary; padding: 0 1; }
@@ -37,7 +37,9 @@ class SidePanel(Vertical):
         todos = [(t.mark, t.content, t.priority) for t in board.todos]
         _fill(self.query_one("#todos", DataTable), ("", "todo", "prio"), todos)
         experiments = [(e.id, e.item, e.verdict, e.best, e.change) for e in board.experiments]
-        _fill(self.query_one("#experiments", DataTable), ("#", "item", "verdict", "best tok/s", "change"), experiments)
+        _fill(
+            self.query_one("#experiments", DataTable), ("#", "item", "verdict", "tok/s @level", "change"), experiments
+        )
 
 
 def _fill(table: DataTable, headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:

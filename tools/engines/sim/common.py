@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from tools.engines.sim.options import check_twin_options
 from tools.engines.sim.scheduler import Req
 
 if TYPE_CHECKING:
@@ -40,12 +41,15 @@ sched_log = logging.LoggerAdapter(logging.getLogger("pivot.sim.scheduler"), {"ra
 
 @dataclass(frozen=True)
 class ServeOptions:
-    """The twin's own knobs (SGLang's flags go to the catalog)."""
+    """The twin's own knobs (SGLang's flags go to the catalog); out-of-range values raise PivotError."""
 
     time_scale: float = 1.0  # simulated seconds per wall-clock second
     startup_s: float = 2.0  # wall seconds of "loading" during which /health answers 503
     noise: float = 0.0  # run-to-run variation of step times (0.02 = about 2%)
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_twin_options(time_scale=self.time_scale, startup_s=self.startup_s, noise=self.noise, seed=self.seed)
 
 
 @dataclass(eq=False)

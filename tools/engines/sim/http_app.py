@@ -41,6 +41,7 @@ class RoutesMixin:
         r.add_route("*", "/stop_profile", self.stop_profile)
         r.add_route("*", "/flush_cache", self.flush_cache)
         r.add_get("/sim/telemetry", self.telemetry)
+        r.add_post("/sim/time_scale", self.set_time_scale)
         if self.enable_metrics:
             r.add_get("/metrics", self.metrics)
         return app
@@ -134,6 +135,7 @@ class RoutesMixin:
                     "token_usage": round(core.token_usage(), 4),
                     "sim_time_s": round(self.sim_now(), 6),
                     "wall_lag_s": round(self.wall_lag_s, 6),
+                    "busy_s": round(core.busy_s, 6),  # simulated seconds of engine steps so far
                     "memory_usage": {
                         "weight": self.twin.resolved["weights_gib_per_gpu"],
                         "kvcache": self.twin.resolved["kv_pool_gib_per_gpu"],
@@ -187,6 +189,25 @@ class RoutesMixin:
                 status=404,
             )  # fmt: skip
         return web.json_response(self._model_card())
+
+    async def set_time_scale(self, request: web.Request) -> web.Response:
+        """pivot's own: run the simulated clock `time_scale` times faster than the wall clock from now on (a lower
+        one when this host fell behind it); refused (409) while requests are in flight, so no request straddles two
+        scales. Answers the scale in force and the wall seconds lost so far."""
+        from agent.errors import PivotError
+        from tools.engines.sim.options import check_twin_options
+
+        try:
+            body = await request.json()
+            scale = float(body["time_scale"])
+            check_twin_options(time_scale=scale)
+        except (ValueError, KeyError, TypeError, PivotError) as e:
+            return web.json_response({"error": f'give {{"time_scale": X}} with a positive number ({e})'}, status=400)
+        if self.streams:
+            return web.json_response({"error": "requests are in flight"}, status=409)
+        self.rescale(scale)
+        http_log.info(f"pivot twin: time scale {scale:g} (simulated seconds per wall second) from now on")
+        return web.json_response({"time_scale": self.scale, "wall_lag_s": self.wall_lag_s})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         return web.Response(text="Cache flushed.\nPlease check backend logs for more details. (When there are "

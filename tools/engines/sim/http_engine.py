@@ -25,9 +25,12 @@ class SimHttpOptions(SGLangOptions, TwinOptions):
     """The sim-http engine's options: the twin's, how fast its clock runs, and the sglang engine's."""
 
     name: str = Field("sim-http", description="The engine's name in the ledger and in messages.")
-    time_scale: float = Field(DEFAULT_TIME_SCALE, gt=0, description="Simulated seconds per wall second.")
-    startup_s: float = Field(DEFAULT_STARTUP_S, ge=0, description="Wall seconds of 503s before it is ready.")
-    seed: int = Field(0, description="The seed of the step-time noise (the agent seeds each experiment).")
+    time_scale: float = Field(DEFAULT_TIME_SCALE, ge=0.001, le=10_000, allow_inf_nan=False,
+                              description="Simulated seconds per wall second.")  # fmt: skip
+    startup_s: float = Field(DEFAULT_STARTUP_S, ge=0, le=3600, allow_inf_nan=False,
+                             description="Wall seconds of 503s before it is ready.")  # fmt: skip
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="The seed of the step-time noise (the agent seeds each "
+                      "experiment).")  # fmt: skip
     require_model: bool = Field(False, description="The twin needs no model path.")
     source: m.Source = Field("simulated", description="Its numbers are simulated.")
     stop_grace_s: float = Field(10.0, ge=0, description="SIGTERM to SIGKILL.")

@@ -81,6 +81,13 @@ class TwinServer(RoutesMixin, StreamingMixin, MetricsMixin):
     def _wall(self) -> float:
         return asyncio.get_running_loop().time()
 
+    def rescale(self, scale: float) -> None:
+        """Go on at `scale` simulated seconds per wall second: the simulated clock is rebased now, so the time
+        already simulated is kept and only what follows runs at the new rate."""
+        if self._wall_base is not None:
+            self._sim_base, self._wall_base = self.sim_now(), self._wall()
+        self.scale = float(scale)
+
     def sim_now(self) -> float:
         """Simulated seconds since the server was ready (never ahead of the step in flight)."""
         if self._wall_base is None:
