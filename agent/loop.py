@@ -508,7 +508,12 @@ async def _run_async(
     store.set_session_status(session.id, "active")
     agent = build_agent(compact)
     limits = usage_limits or UsageLimits(request_limit=session.settings.request_limit, tool_calls_limit=None)
-    extra = [MethodGuard(t) for t in session_toolsets(session, toolsets())]  # investigate, --mcp servers
+    from agent.investigate import toolset as investigate_toolset
+
+    # investigate, then the --mcp servers: pivot's own tool speaks the session's experiment numbers; an MCP server's
+    # tools get their arguments, and give their results, as they are
+    extra = [NumberedToolset(MethodGuard(t)) if t is investigate_toolset else MethodGuard(t)
+             for t in session_toolsets(session, toolsets())]  # fmt: skip
     try:
         async with agent.iter(
             prompt,
@@ -549,6 +554,12 @@ async def _run_async(
         session.stop_live()
         store.mark_interrupted(session.id)  # the step cut short is redone in place on resume
         store.set_session_status(session.id, "stopped")
+        raise
+    except PivotError:  # a failure pivot can name (its own twin refused a value, a ledger it cannot write): one line
+        with contextlib.suppress(Exception):
+            session.stop_live()
+        store.mark_interrupted(session.id)
+        store.set_session_status(session.id, "waiting")
         raise
     except Exception as e:  # a tool or the loop failed: the campaign is left resumable, never dead
         return crashed(session, e)
