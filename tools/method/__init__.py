@@ -32,7 +32,16 @@ from tools.method.moves import (
     baseline_runs_needed,
     permitted,
 )
-from tools.method.objective import THROUGHPUT, Objective, noise_pct, objective_for
+from tools.method.objective import (
+    THROUGHPUT,
+    Capacity,
+    Energy,
+    Goodput,
+    Objective,
+    Throughput,
+    noise_pct,
+    objective_for,
+)
 from tools.method.reading import (
     REFUSED_FAILURES,
     Judgement,
@@ -53,8 +62,11 @@ __all__ = [
     "STOP_WORDS",
     "THROUGHPUT",
     "Args",
+    "Capacity",
     "Check",
     "Decision",
+    "Energy",
+    "Goodput",
     "Judgement",
     "Method",
     "MethodGuard",
@@ -64,6 +76,7 @@ __all__ = [
     "Refusal",
     "Rule",
     "Suggestion",
+    "Throughput",
     "baseline_runs_needed",
     "decision",
     "interpret",

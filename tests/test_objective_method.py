@@ -1,0 +1,145 @@
+"""The objective in the method: goodput, capacity and energy judged, predicted and written as the plan asks (the
+seam in tools/method/objective.py), with throughput's words and numbers unchanged."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent import models as m
+from agent.plans import load_plan, parse_plan
+from agent.session import Session
+from tests.conftest import SMALL_PLAN
+from tests.factories import bench_level
+from tools.method import THROUGHPUT, Capacity, Energy, Goodput, Method, objective_for
+
+GOODPUT = '\n[objective]\nkind = "goodput"\nttft_ms = 500\ntpot_ms = 50\n'
+TOKEN_GOODPUT = GOODPUT + 'goodput = "token"\n'
+CAPACITY = '\n[objective]\nkind = "capacity"\nttft_ms = 500\ntpot_ms = 50\n'
+ENERGY = "\n[objective]\nkind = \"energy\"\n"
+ENERGY_SLO = ENERGY + "tpot_ms = 50\nattainment_target = 0.9\n"
+
+
+def _plan(table: str = "") -> m.Plan:
+    return parse_plan(SMALL_PLAN + table, "p.toml")
+
+
+def _lv(c: int, tok_s: float, **kw) -> m.BenchLevel:
+    return bench_level(c, tok_s, **kw)
+
+
+def _capacity(value: float | None, upper: float | None = None) -> m.Capacity:
+    return m.Capacity(axis="concurrency", slos_ms={"ttft": 500.0, "tpot": 50.0}, target=0.95, capacity=value,
+                      upper=upper, load_min=1, load_max=8, max_levels=6)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------- the seam
+
+
+def test_the_plan_picks_the_objective():
+    assert objective_for(_plan()) is THROUGHPUT
+    req, tok = objective_for(_plan(GOODPUT)), objective_for(_plan(TOKEN_GOODPUT))
+    assert isinstance(req, Goodput) and (req.metric, req.unit) == ("request_goodput", "good req/s")
+    assert (tok.metric, tok.unit) == ("token_goodput_tok_s", "good output tok/s")
+    assert isinstance(objective_for(_plan(CAPACITY)), Capacity)
+    assert isinstance(objective_for(_plan(ENERGY)), Energy) and objective_for(_plan(ENERGY)).unit == "output tok/J"
+
+
+def test_each_objective_reads_its_own_key_of_a_level():
+    lv = _lv(8, 1000, request_goodput=2.5, token_goodput_tok_s=800.0, slo_attainment=0.8,
+             energy_per_output_token_j=0.5)  # fmt: skip
+    assert THROUGHPUT.value(lv) == 1000
+    assert objective_for(_plan(GOODPUT)).value(lv) == 2.5
+    assert objective_for(_plan(TOKEN_GOODPUT)).value(lv) == 800.0
+    assert objective_for(_plan(ENERGY)).value(lv) == pytest.approx(2.0)  # 1 / 0.5 J per token
+    assert objective_for(_plan(ENERGY_SLO)).value(lv) is None  # 80% attainment is under the 90% target
+    good = lv.model_copy(update={"slo_attainment": 0.95})
+    assert objective_for(_plan(ENERGY_SLO)).value(good) == pytest.approx(0.8 / 0.5)  # only good requests' tokens
+    assert objective_for(_plan(GOODPUT)).value(_lv(8, 1000)) is None  # measured without the SLOs: nothing to judge
+    assert objective_for(_plan(GOODPUT)).value(lv.model_copy(update={"failed": 1})) is None
+
+
+def test_capacity_is_a_value_per_run_not_per_level():
+    cap = objective_for(_plan(CAPACITY))
+    spec = _plan(CAPACITY).workload
+    run = m.BenchResult(spec=spec, engine="sim", source="simulated", levels=[_lv(1, 10), _lv(8, 100)])
+    assert cap.value_of_run(run) == {}  # no capacity search ran: nothing measured
+    top = max(spec.concurrency)
+    assert cap.value_of_run(run.model_copy(update={"capacity": _capacity(6, 7)})) == {top: 6.0}
+    assert cap.value_of_run(run.model_copy(update={"capacity": _capacity(None, 1)})) == {top: 0.0}  # all missed
+    assert THROUGHPUT.value_of_run(run) == {1: 10, 8: 100}
+
+
+def test_the_objectives_words():
+    assert THROUGHPUT.at(64) == "output tok/s at concurrency 64"
+    assert THROUGHPUT.change_words(1000, 1234) == "output tok/s from 1,000 to 1,234 (+23%)"
+    cap = objective_for(_plan(CAPACITY))
+    assert cap.change_words(640, 896) == (
+        "capacity at TTFT <= 500 ms, TPOT <= 50 ms from 640 to 896 concurrent requests (+40%)"
+    )
+    assert objective_for(_plan(GOODPUT)).change_words(2.5, 3.0) == (
+        "request goodput at TTFT <= 500 ms, TPOT <= 50 ms from 2.50 to 3.00 good req/s (+20%)"
+    )
+
+
+# ---------------------------------------------------------------------------------------------- the judgement
+
+
+def _experiment(store, s, items, base, runs, config=None):
+    e = store.add_experiment(
+        s.id,
+        m.Experiment(plan_items=items, kind="change" if items else "baseline",
+                     config=config or s.plan.target.base_config(),
+                     base_experiment_id=base.id if base else None, workload=s.plan.workload),
+    )  # fmt: skip
+    for run in runs:
+        store.add_bench_result(e.id or 0, run)
+    return store.update_experiment(e.model_copy(update={"status": "finished"}))
+
+
+def test_a_capacity_campaign_is_judged_on_the_capacity_of_each_run(store, paths):
+    plan = _plan(CAPACITY)
+    spec = plan.workload
+    levels = [_lv(1, 10), _lv(8, 100)]
+
+    def run(value, upper):
+        return m.BenchResult(spec=spec, engine="sim", source="simulated", levels=levels,
+                             capacity=_capacity(value, upper))  # fmt: skip
+
+    with Session.create(store, paths, plan, engine_name="sim") as s:
+        base = _experiment(store, s, [], None, [run(5, 6), run(5, 6)])
+        store.update_experiment(base.model_copy(update={"verdict": "baseline"}))
+        config = plan.item("01").apply(base.config)
+        e = _experiment(store, s, ["01"], base, [run(7, 8), run(7, 8)], config)
+        method = Method.read(store, s.id)
+        jb = method.judge(method.experiment(base.id))
+        assert jb.suggestion == "baseline" and jb.after_tok_s == 5.0
+        assert method.noise_pct() == 0.0  # the noise band is measured on the objective: both runs found 5
+        j = method.judge(e)
+        # the same output tok/s at every level: throughput would call it no gain; capacity rose by 40%
+        assert j.suggestion == "adopted" and j.change_pct == pytest.approx(40.0)
+        assert j.text.startswith("+40.0% concurrent requests of capacity at TTFT <= 500 ms, TPOT <= 50 ms (95% of ")
+        assert "(5 -> 7, mean of 2 runs: 7, 7;" in j.text
+
+
+def test_a_goodput_campaign_is_judged_on_goodput_and_its_noise(store, paths):
+    plan = _plan(GOODPUT)
+    spec = plan.workload
+
+    def run(good):
+        return m.BenchResult(spec=spec, engine="sim", source="simulated",
+                             levels=[_lv(1, 10, request_goodput=1.0), _lv(8, 100, request_goodput=good)])  # fmt: skip
+
+    with Session.create(store, paths, plan, engine_name="sim") as s:
+        base = _experiment(store, s, [], None, [run(2.0), run(2.1)])
+        store.update_experiment(base.model_copy(update={"verdict": "baseline"}))
+        e = _experiment(store, s, ["01"], base, [run(1.5), run(1.5)], plan.item("01").apply(base.config))
+        method = Method.read(store, s.id)
+        assert method.noise_pct() == pytest.approx(0.1 / 2.05 * 100)
+        j = method.judge(e)
+        assert j.suggestion == "regressed" and j.concurrency == 8
+        assert j.text.startswith("-26.8% good req/s at concurrency 8 (TTFT <= 500 ms, TPOT <= 50 ms) (2.05 -> 1.50")
+
+
+def test_the_shipped_capacity_plan_reads_as_capacity():
+    o = objective_for(load_plan("glm5-nvfp4-rtxpro6000x8-capacity"))
+    assert isinstance(o, Capacity) and o.what == "capacity at TPOT <= 250 ms"
