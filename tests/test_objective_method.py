@@ -10,12 +10,12 @@ from agent.plans import load_plan, parse_plan
 from agent.session import Session
 from tests.conftest import SMALL_PLAN
 from tests.factories import bench_level
-from tools.method import THROUGHPUT, Capacity, Energy, Goodput, Method, objective_for
+from tools.method import THROUGHPUT, Method, objective_for
 
 GOODPUT = '\n[objective]\nkind = "goodput"\nttft_ms = 500\ntpot_ms = 50\n'
 TOKEN_GOODPUT = GOODPUT + 'goodput = "token"\n'
 CAPACITY = '\n[objective]\nkind = "capacity"\nttft_ms = 500\ntpot_ms = 50\n'
-ENERGY = "\n[objective]\nkind = \"energy\"\n"
+ENERGY = '\n[objective]\nkind = "energy"\n'
 ENERGY_SLO = ENERGY + "tpot_ms = 50\nattainment_target = 0.9\n"
 
 
@@ -36,12 +36,12 @@ def _capacity(value: float | None, upper: float | None = None) -> m.Capacity:
 
 
 def test_the_plan_picks_the_objective():
-    assert objective_for(_plan()) is THROUGHPUT
+    assert objective_for(_plan()) is THROUGHPUT and THROUGHPUT.name == "throughput"
     req, tok = objective_for(_plan(GOODPUT)), objective_for(_plan(TOKEN_GOODPUT))
-    assert isinstance(req, Goodput) and (req.metric, req.unit) == ("request_goodput", "good req/s")
+    assert (req.name, req.metric, req.unit) == ("goodput", "request_goodput", "good req/s")
     assert (tok.metric, tok.unit) == ("token_goodput_tok_s", "good output tok/s")
-    assert isinstance(objective_for(_plan(CAPACITY)), Capacity)
-    assert isinstance(objective_for(_plan(ENERGY)), Energy) and objective_for(_plan(ENERGY)).unit == "output tok/J"
+    assert objective_for(_plan(CAPACITY)).name == "capacity"
+    assert (objective_for(_plan(ENERGY)).name, objective_for(_plan(ENERGY)).unit) == ("energy", "output tok/J")
 
 
 def test_each_objective_reads_its_own_key_of_a_level():
@@ -142,4 +142,65 @@ def test_a_goodput_campaign_is_judged_on_goodput_and_its_noise(store, paths):
 
 def test_the_shipped_capacity_plan_reads_as_capacity():
     o = objective_for(load_plan("glm5-nvfp4-rtxpro6000x8-capacity"))
-    assert isinstance(o, Capacity) and o.what == "capacity at TPOT <= 250 ms"
+    assert o.name == "capacity" and o.what == "capacity at TPOT <= 250 ms"
+
+
+# ---------------------------------------------------------------------------------------------- words and expectations
+
+
+def test_an_expectation_names_its_metric_and_an_energy_gain_is_a_drop():
+    from tools.reports import parse_expectation
+
+    energy = parse_expectation("-15% J per token at the same throughput")
+    assert energy is not None and (energy.metric, energy.gain_pct) == ("energy_per_output_token_j", 15.0)
+    assert energy.speaks_for("energy") and not energy.speaks_for("throughput")
+    tok = parse_expectation("+20-30% output tok/s at concurrency 2048; little change at low concurrency.")
+    assert tok is not None and (tok.metric, tok.gain_pct, tok.levels) == ("output_throughput", 25.0, (2048, 2048))
+    assert tok.speaks_for("throughput") and tok.speaks_for("capacity") and tok.speaks_for("energy")
+    tpot = parse_expectation("-10-20% mean TPOT")
+    assert tpot is not None and tpot.metric == "mean_tpot_ms" and not tpot.speaks_for("throughput")
+    assert parse_expectation("-8% W per GPU").metric == "mean_gpu_power_w"  # type: ignore[union-attr]
+    assert parse_expectation("+10-20% capacity at TPOT <= 50 ms").metric == "capacity"  # type: ignore[union-attr]
+
+
+def test_a_power_item_is_promising_only_when_energy_is_the_objective(store, paths):
+    from tools.method.moves import promising
+
+    power = '\n[[items]]\nid = "09"\ntier = 1\nkind = "power"\ntitle = "Cap"\npower_limit_w = 300\n' \
+        'hypothesis = "h"\nexpected_impact = "-15% J per token"\n'  # fmt: skip
+    for table, want in (("", False), (ENERGY, True)):
+        plan = _plan(power + table)
+        with Session.create(store, paths, plan, engine_name="sim") as s:
+            assert promising(Method.read(store, s.id), plan.item("09")) is want
+
+
+def test_the_summary_and_the_pivot_speak_of_capacity(store, paths):
+    from agent.questions import headline
+    from tools import reports
+    from tools.method import Moves
+    from tools.reports.status import _effect
+
+    plan = _plan(CAPACITY)
+    spec = plan.workload
+
+    def run(value, upper):
+        return m.BenchResult(spec=spec, engine="sim", source="simulated", levels=[_lv(1, 10), _lv(8, 100)],
+                             capacity=_capacity(value, upper))  # fmt: skip
+
+    with Session.create(store, paths, plan, engine_name="sim") as s:
+        base = _experiment(store, s, [], None, [run(5, 6), run(5, 6)])
+        store.update_experiment(base.model_copy(update={"verdict": "baseline"}))
+        e = _experiment(store, s, ["01"], base, [run(7, 8), run(7, 8)], plan.item("01").apply(base.config))
+        store.update_experiment(e.model_copy(update={"verdict": "adopted"}))
+        ledger = reports.Ledger.read(store, s.id)
+        assert _effect(ledger, ledger.experiment(e.id)).startswith(
+            "capacity at TTFT <= 500 ms, TPOT <= 50 ms from 5 to 7 concurrent requests (+40%); +0.0% output tok/s at 8"
+        )
+        assert _effect(ledger, ledger.experiment(base.id)).startswith("5 concurrent requests of capacity at TTFT")
+        assert ledger.band_pct() == s.settings.min_gain_pct  # no noise in the capacity of two runs
+        head = headline(Moves.of(s))
+        assert head == (
+            "Best so far: 7 concurrent requests of capacity at TTFT <= 500 ms, TPOT <= 50 ms (95% of requests) "
+            "(experiment 2, +40.0% over the baseline)."
+        )
+
