@@ -204,3 +204,39 @@ def test_the_summary_and_the_pivot_speak_of_capacity(store, paths):
             "(experiment 2, +40.0% over the baseline)."
         )
 
+
+# ---------------------------------------------------------------------------------------------- the search
+
+
+def test_the_search_ranks_candidates_by_the_predicted_capacity(store, paths):
+    """On the shipped capacity plan, the twin's predicted capacity ranks the candidates: the larger prefill chunks
+    (06, the exhaustive grid's best, benchmarks/slo_grid.json) are predicted to raise capacity at TPOT <= 250 ms."""
+    from tools import search
+    from tools.engines.sim.predictor import twin_predictor
+    from tools.method import Moves
+
+    plan = load_plan("glm5-nvfp4-rtxpro6000x8-capacity")
+    t = plan.target
+    settings = m.SessionSettings(engine_options={"model_profile": t.model_profile, "hardware": t.hardware,
+                                                 "gpus": t.gpus})  # fmt: skip
+    twin = twin_predictor(t.model_profile, t.hardware, t.gpus)
+    top = max(plan.workload.concurrency)
+    _, base_capacity = objective_for(plan).predict(twin, t.base_config(), plan.workload, top)
+    assert base_capacity is not None and 100 < base_capacity < 256
+    bracket = m.Capacity(axis="concurrency", slos_ms={"tpot": 250.0}, target=0.95, capacity=base_capacity,
+                         load_min=1, load_max=2048, max_levels=6)  # fmt: skip
+    run = m.BenchResult(spec=plan.workload, engine="sim", source="simulated", capacity=bracket,
+                        levels=[_lv(c, 100.0 * c) for c in plan.workload.concurrency])  # fmt: skip
+    with Session.create(store, paths, plan, engine_name="sim", settings=settings) as s:
+        base = _experiment(store, s, [], None, [run, run])
+        store.update_experiment(base.model_copy(update={"verdict": "baseline"}))
+        method = Method.read(store, s.id)
+        sur = search.Surrogate(method)
+        assert sur.ratio() == (1.0, 1)  # measured / predicted capacity of the baseline
+        est = sur.estimate(("06",))
+        assert est.source == "twin" and est.change_pct is not None and est.change_pct > 10
+        assert "concurrent requests of capacity at TPOT <= 250 ms" in est.note
+        ranked = search.candidates(method, Moves.of(s).decision, sur)  # tier 1 is open: its items and pairs
+        assert ranked and [c.gain for c in ranked] == sorted((c.gain for c in ranked), reverse=True)
+        tier1 = [it.id for it in plan.items if it.tier == 1 and search.searchable(it)]
+        assert ranked[0].gain >= max(sur.estimate((i,)).change_pct or -100 for i in tier1)
