@@ -240,3 +240,38 @@ def test_the_search_ranks_candidates_by_the_predicted_capacity(store, paths):
         assert ranked and [c.gain for c in ranked] == sorted((c.gain for c in ranked), reverse=True)
         tier1 = [it.id for it in plan.items if it.tier == 1 and search.searchable(it)]
         assert ranked[0].gain >= max(sur.estimate((i,)).change_pct or -100 for i in tier1)
+
+
+def test_an_energy_campaign_on_the_twin_launches_its_power_limit_and_keeps_it(tmp_path):
+    """The SLO evaluation's energy plan to its end on the twin, `continue` at every pivot: the power item is
+    launched (with the items the twin predicts beside it) and adopted, and the best is within 1% of the grid's best
+    output tokens per joule (benchmarks/slo_grid.json)."""
+    import json
+    from pathlib import Path
+
+    from agent import loop
+    from agent.session import Paths
+    from agent.store import Store
+
+    root = Path(__file__).resolve().parent.parent
+    plan = load_plan(str(root / "benchmarks" / "slo_plans" / "slo-energy-llama70b-h200x1.toml"))
+    grid = json.loads((root / "benchmarks" / "slo_grid.json").read_text())[plan.name]
+    paths = Paths.from_env(tmp_path)
+    paths.state_dir.mkdir(parents=True, exist_ok=True)
+    t = plan.target
+    settings = m.SessionSettings(engine_options={"model_profile": t.model_profile, "hardware": t.hardware,
+                                                 "gpus": t.gpus, "noise": 0.0})  # fmt: skip
+    with Store(paths.db_path) as store, Session.create(store, paths, plan, engine_name="sim", settings=settings) as s:
+        outcome = loop.run(s)
+        for _ in range(10):
+            if outcome.status != "pivot":
+                break
+            outcome = loop.run(s, answer="continue")
+        assert outcome.status == "finished", outcome.message
+        method = Method.read(store, s.id)
+        best = method.best()
+        assert best is not None and best.config.gpu_power_limit_w is not None
+        assert any(i in method.active_items() for i in ("08", "09"))
+        j = method.judge(best)
+        assert j.after_tok_s is not None and j.after_tok_s >= 0.99 * grid["best_value"]
+        assert "output tok/J at concurrency 1024" in j.text
