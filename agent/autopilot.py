@@ -297,7 +297,7 @@ class Autopilot(Steps):
         best = method.best()
         j = method.judge(best) if best is not None else None
         line = (
-            f"best {j.after_tok_s:,.0f} {method.objective.unit} at concurrency {j.concurrency} with experiment "
+            f"best {method.objective.number(j.after_tok_s)} {method.objective.at(j.concurrency or 0)} with experiment "
             f"{best.number} ({best.config})"
             if j is not None and j.after_tok_s is not None and best is not None
             else "no result"

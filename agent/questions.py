@@ -23,10 +23,8 @@ def headline(moves: Moves) -> str:
     jbase = method.judge(base)
     if best.id != base.id and jbase.after_tok_s:
         gain = f", {(jb.after_tok_s - jbase.after_tok_s) / jbase.after_tok_s * 100:+.1f}% over the baseline"
-    unit = method.objective.unit
-    return (
-        f"Best so far: {jb.after_tok_s:,.0f} {unit} at concurrency {jb.concurrency} (experiment {best.number}{gain})."
-    )
+    obj = method.objective
+    return f"Best so far: {obj.number(jb.after_tok_s)} {obj.at(jb.concurrency or 0)} (experiment {best.number}{gain})."
 
 
 def question(moves: Moves) -> tuple[str, list[str]]:

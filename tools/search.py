@@ -2,7 +2,8 @@
 
 Before a launch is spent, candidates are predicted for the campaign's target on its workload at the judged level,
 and the prediction is corrected to this campaign's own measurements: the predictor's value of the session's
-objective (tools/method/objective.py: output tok/s) is multiplied by the mean ratio measured / predicted of the
+objective (tools/method/objective.py: output tok/s by default; goodput, output tokens per joule or capacity under
+SLOs as the plan asks, so candidates are ranked by the predicted objective) is multiplied by the mean ratio measured / predicted of the
 experiments measured so far at that level (the baseline first, refreshed as experiments land), and the predicted
 change is taken against the predictor's own (corrected) reading of the best configuration: the best's measured
 mean was selected for being high, so a change predicted against it would come out low. Candidates are:
@@ -50,7 +51,7 @@ BUNDLE_MIN_PCT = 0.2  # an item joins the bundle of small gains when it adds at 
 RETESTS = 1  # launches an item gets beyond its first, on a newer best
 REVERTS = 1  # launches that take an adopted item back, per item
 SWAP_SEEDS = 3  # the best candidates are also predicted with each adopted item taken back
-SEARCH_KINDS = ("flag", "config")
+SEARCH_KINDS = ("flag", "config", "power")  # power: a GPU power limit (the twin models its power and clocks)
 RETEST_VERDICTS = ("no_gain", "regressed", "predicted", "superseded")
 
 
@@ -126,15 +127,20 @@ class Surrogate:
         self.level = (jb.concurrency if jb is not None and jb.concurrency else None) or max(self.workload.concurrency)
         self._ratio: tuple[float, int] | None = None
         self._estimates: dict[tuple[tuple[str, ...], tuple[str, ...]], Estimate] = {}
+        self._readings: dict[str, tuple[Prediction, float | None]] = {}
 
     def reading(self, config: m.ServerConfig) -> Prediction:
-        if self.predictor is None:
-            return Prediction(error=no_predictor_text(self.method))
-        return self.predictor.predict(config, self.workload, self.level)
+        return self.predicted(config)[0]
 
-    def value(self, p: Prediction) -> float | None:
-        """The objective's value of a prediction (None when it crashed or has no reading)."""
-        return None if p.crashed or p.level is None else self.objective.value(p.level)
+    def predicted(self, config: m.ServerConfig) -> tuple[Prediction, float | None]:
+        """The predictor's reading of `config` at the level and the objective's predicted value there (None when
+        it crashed or has no reading; for capacity, the predicted crossing), once per configuration."""
+        if self.predictor is None:
+            return Prediction(error=no_predictor_text(self.method)), None
+        key = config.model_dump_json()
+        if key not in self._readings:
+            self._readings[key] = self.objective.predict(self.predictor, config, self.workload, self.level)
+        return self._readings[key]
 
     def ratio(self) -> tuple[float, int]:
         """Measured / predicted objective at the level, averaged over the experiments measured there without
@@ -148,7 +154,7 @@ class Surrogate:
                 runs = self.method.ok_values(e).get(self.level)
                 if not runs or self.method.failed_levels(e):
                     continue
-                predicted = self.value(self.reading(e.config))
+                _, predicted = self.predicted(e.config)
                 if predicted:
                     ratios.append(sum(runs) / len(runs) / predicted)
             self._ratio = (sum(ratios) / len(ratios), len(ratios)) if ratios else (1.0, 0)
@@ -166,20 +172,17 @@ class Surrogate:
         est = self.estimate(items)
         if config == est.config or est.source != "twin":
             return est
-        mine, base = self.reading(config), self.reading(self.best_config)
+        (mine, v), (_, b) = self.predicted(config), self.predicted(self.best_config)
         out = Estimate(items, config, "none", level=self.level)
         if mine.crashed:
             out.source, out.crash = "twin", True
             out.note = f"the twin predicts the server crashes under load at concurrency {self.level}"
-        elif (v := self.value(mine)) is not None and (b := self.value(base)) is not None:
+        elif v is not None and b is not None and b > 0:
             ratio, _ = self.ratio()
             tok = v * ratio
             ref = b * ratio  # the twin's own reading of the best: its errors and the noise of a measurement cancel
             out.source, out.tok_s, out.change_pct = "twin", tok, (tok - ref) / ref * 100
-            out.note = (
-                f"the twin predicts {tok:,.0f} {self.objective.unit} at concurrency {self.level} "
-                f"({_pct(out.change_pct)})"
-            )
+            out.note = f"the twin predicts {self.objective.number(tok)} {self.objective.at(self.level)} ({_pct(out.change_pct)})"
         return out
 
     def estimate(self, items: tuple[str, ...], reverts: tuple[str, ...] = ()) -> Estimate:
@@ -204,8 +207,8 @@ class Surrogate:
             if len(est.items) == 1 and not est.reverts
             else None
         )
-        if exp is not None and exp.metric != "mean_tpot_ms":
-            est.source, est.change_pct = "plan", exp.midpoint_pct
+        if exp is not None and exp.speaks_for(self.method.plan.objective.kind):
+            est.source, est.change_pct = "plan", exp.gain_pct
             est.note = (
                 f"{no_predictor_text(self.method)}: ranked by the plan's expected impact ({exp.low_pct:+g} to "
                 f"{exp.high_pct:+g}% {exp.metric_words}), not a prediction"
@@ -214,8 +217,8 @@ class Surrogate:
             est.note = f"{no_predictor_text(self.method)}: measured in plan order"
 
     def _predicted(self, est: Estimate) -> None:
-        base = self.reading(self.best_config)
-        mine = self.reading(est.config)
+        base, b = self.predicted(self.best_config)
+        mine, v = self.predicted(est.config)
         unmodelled = sorted(set(mine.not_modelled) - set(base.not_modelled))
         if unmodelled:
             exp = (
@@ -224,8 +227,8 @@ class Surrogate:
                 else None
             )
             flags = ", ".join("--" + d.replace("_", "-") for d in unmodelled)
-            if exp is not None and exp.metric != "mean_tpot_ms":
-                est.source, est.change_pct = "plan", exp.midpoint_pct
+            if exp is not None and exp.speaks_for(self.method.plan.objective.kind):
+                est.source, est.change_pct = "plan", exp.gain_pct
                 est.note = (
                     f"the twin does not model {flags}: ranked by the plan's expected impact "
                     f"({exp.low_pct:+g} to {exp.high_pct:+g}% {exp.metric_words}), not a prediction"
@@ -239,7 +242,7 @@ class Surrogate:
                 if mine.error
                 else f"the twin predicts the server crashes under load at concurrency {self.level}"
             )
-        elif (v := self.value(mine)) is None or (b := self.value(base)) is None:
+        elif v is None or b is None or b <= 0:
             est.note = f"no prediction: {mine.error or base.error or 'the twin has no reading'}"
         else:
             ratio, n = self.ratio()
@@ -251,13 +254,14 @@ class Surrogate:
                 if n
                 else "uncorrected: nothing measured yet at this level"
             )
-            against = f"the twin's {ref:,.0f} for the best configuration" + (
-                f" (experiment {self.best.number}, measured {self.best_tok:,.0f})"
+            n = self.objective.number
+            against = f"the twin's {n(ref)} for the best configuration" + (
+                f" (experiment {self.best.number}, measured {n(self.best_tok)})"
                 if self.best is not None and self.best_tok
                 else ""
             )
             est.note = (
-                f"the twin predicts {tok:,.0f} {self.objective.unit} at concurrency {self.level} "
+                f"the twin predicts {n(tok)} {self.objective.at(self.level)} "
                 f"({_pct(est.change_pct)} against {against}; {corrected})"
             )
 
@@ -287,8 +291,9 @@ class Candidate:
 
 
 def searchable(item: m.PlanItem) -> bool:
-    """Items the search ranks: flag and config changes on the plan's workload."""
-    return item.kind in SEARCH_KINDS and (item.flags is not None or bool(item.remove_flags)) and not item.workload
+    """Items the search ranks: flag, config and power-limit changes on the plan's workload."""
+    changes = item.flags is not None or bool(item.remove_flags) or item.power_limit_w is not None
+    return item.kind in SEARCH_KINDS and changes and not item.workload
 
 
 def item_issues(method: Method, validate, item: m.PlanItem) -> list[m.FlagIssue]:
@@ -625,7 +630,11 @@ def next_steps(method: Method, d: Decision, validate, limit: int) -> list[Step]:
 
 def _promising(method: Method, item: m.PlanItem) -> bool:
     exp = reports.parse_expectation(item.expected_impact)
-    return exp is not None and exp.midpoint_pct >= 2.0 * method.settings.min_gain_pct
+    return (
+        exp is not None
+        and exp.speaks_for(method.plan.objective.kind)
+        and exp.gain_pct >= 2.0 * method.settings.min_gain_pct
+    )
 
 
 def record_fields(
@@ -640,13 +649,14 @@ def record_fields(
         sur = Surrogate(method)
         if baseline:
             top = max(sur.workload.concurrency)
-            r = sur.predictor.predict(method.base_config(), sur.workload, top) if sur.predictor else None
-            v = sur.value(r) if r is not None else None
+            if sur.predictor is None:
+                return {}
+            _, v = sur.objective.predict(sur.predictor, method.base_config(), sur.workload, top)
             if v is None:
                 return {}
             return {
                 "predicted_tok_s": v,
-                "prediction": f"the twin predicts {v:,.0f} {sur.objective.unit} at concurrency {top} (uncorrected: "
+                "prediction": f"the twin predicts {sur.objective.number(v)} {sur.objective.at(top)} (uncorrected: "
                 "the baseline is what corrects it)",
             }
         if not all(i in method.plan.item_ids() for i in [*items, *(reverts or [])]) or not (items or reverts):

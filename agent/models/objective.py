@@ -11,11 +11,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
 from agent.models.base import _Model
+
+if TYPE_CHECKING:
+    from agent.models.bench import BenchLevel, BenchResult
 
 SloMetric = Literal["ttft", "tpot", "e2el"]
 SLO_METRICS: tuple[SloMetric, ...] = ("ttft", "tpot", "e2el")
@@ -196,3 +199,95 @@ class Objective(_Model):
             load = "concurrent requests" if self.load == "concurrency" else "request rate (Poisson arrivals)"
             return f"capacity ({load}) at {slos} ({share})"
         return "output tokens per joule" + (f" at {slos} ({share})" if slos else "")
+
+    # ---- the judged value (tools/method/objective.py reads these: the method, the search, the reports)
+
+    @property
+    def metric(self) -> str:
+        """The level's key the objective reads (bench_serving's spelling where it has one), or `capacity`."""
+        if self.kind == "goodput":
+            return "request_goodput" if self.goodput == "request" else "token_goodput_tok_s"
+        if self.kind == "energy":
+            return "energy_per_output_token_j"
+        return "capacity" if self.kind == "capacity" else "output_throughput"
+
+    def value(self, level: BenchLevel) -> float | None:
+        """The judged value of one level; None when it does not count: it does not hold (it failed, completed
+        nothing, or is not a measurement: BenchLevel.holds), lacks the key
+        (goodput measured without the SLOs, energy without a reading), is under the attainment target (energy under
+        SLOs), or the objective is capacity (a property of a run's levels at several loads, not of one level).
+
+        - throughput: output tok/s; goodput: good req/s or good output tok/s;
+        - energy: output tokens per joule (1 / J per output token); under SLOs only the good requests' tokens."""
+        if level.max_concurrency is None or not level.holds or self.kind == "capacity":
+            return None
+        if self.kind == "throughput":
+            return level.output_throughput
+        if self.kind == "goodput":
+            v = level.request_goodput if self.goodput == "request" else level.token_goodput_tok_s
+            return None if v is None else float(v)
+        j = level.energy_per_output_token_j
+        if j is None or j <= 0:
+            return None
+        if not self.slos_ms:
+            return 1.0 / j
+        if level.slo_attainment is None or level.slo_attainment < self.attainment_target:
+            return None
+        if level.token_goodput_tok_s is None or level.output_throughput <= 0:
+            return None
+        return level.token_goodput_tok_s / level.output_throughput / j
+
+    def value_of_run(self, result: BenchResult) -> dict[int, float]:
+        """The judged values of one run, by the concurrency they are compared at: each level that counts; for
+        capacity the run's one value, the bracket's lower end its capacity search found (0 when even the lowest
+        load missed the target), filed under the workload's highest concurrency; {} without a search."""
+        if self.kind == "capacity":
+            cap = result.capacity
+            if cap is None or not result.spec.concurrency:
+                return {}
+            return {max(result.spec.concurrency): float(cap.capacity or 0.0)}
+        out: dict[int, float] = {}
+        for lv in result.levels:
+            v = self.value(lv)
+            if v is not None and lv.max_concurrency is not None:
+                out[lv.max_concurrency] = v
+        return out
+
+    # ---- the objective's words
+
+    @property
+    def what(self) -> str:
+        """The objective for "raised ... from A to B": "capacity at TPOT <= 50 ms", "output tok/s"."""
+        slos = self.slo_words()
+        if self.kind == "goodput":
+            return f"{'request' if self.goodput == 'request' else 'token'} goodput at {slos}"
+        if self.kind == "capacity":
+            return f"capacity at {slos}"
+        if self.kind == "energy":
+            return "output tokens per joule" + (f" at {slos}" if slos else "")
+        return "output tok/s"
+
+    def number(self, value: float) -> str:
+        """A value as verdicts write it, without its unit: 1,234 tok/s and concurrencies whole, else three figures."""
+        if self.kind == "throughput" or (self.kind == "capacity" and self.load == "concurrency") or abs(value) >= 100:
+            return f"{value:,.0f}"
+        if abs(value) >= 10:
+            return f"{value:.1f}"
+        return f"{value:.2f}" if abs(value) >= 0.1 or value == 0 else f"{value:.3g}"
+
+    def at(self, concurrency: int) -> str:
+        """What was measured where, after a number or a change: "output tok/s at concurrency 64"."""
+        slos = self.slo_words()
+        if self.kind == "capacity":
+            share = f"{self.attainment_target * 100:g}% of requests"
+            return f"{self.unit} of capacity at {slos} ({share})"
+        if self.kind == "throughput" or not slos:
+            return f"{self.unit} at concurrency {concurrency}"
+        return f"{self.unit} at concurrency {concurrency} ({slos})"
+
+    def change_words(self, before: float, after: float) -> str:
+        """A change in the objective's words: "capacity at TPOT <= 50 ms from 640 to 896 concurrent requests
+        (+40%)"."""
+        pct = f"{(after - before) / before * 100:+.0f}%" if before > 0 else "from nothing"
+        unit = "" if self.kind == "throughput" else f" {self.unit}"
+        return f"{self.what} from {self.number(before)} to {self.number(after)}{unit} ({pct})"

@@ -32,7 +32,13 @@ from tools.method.moves import (
     baseline_runs_needed,
     permitted,
 )
-from tools.method.objective import THROUGHPUT, Objective, noise_pct, objective_for
+from tools.method.objective import (
+    THROUGHPUT,
+    Objective,
+    PlanObjective,
+    noise_pct,
+    objective_for,
+)
 from tools.method.reading import (
     REFUSED_FAILURES,
     Judgement,
@@ -61,6 +67,7 @@ __all__ = [
     "Moves",
     "Objective",
     "PivotDue",
+    "PlanObjective",
     "Refusal",
     "Rule",
     "Suggestion",

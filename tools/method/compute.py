@@ -293,7 +293,7 @@ def _allowed(session: Session, method: Method, mv: Moves) -> None:
             workloads.add(it.id)
         elif it.kind == "workload" and it.flags is None and not it.remove_flags:
             continue
-        elif it.flags is not None or it.remove_flags:
+        elif it.flags is not None or it.remove_flags or it.power_limit_w is not None:  # a power item: its limit
             items.add(it.id)
     mv.items, mv.profiles, mv.workload_baselines = frozenset(items), frozenset(profiles), frozenset(workloads)
     for it in scope:

@@ -65,10 +65,10 @@ def baseline_runs_needed(method: Method) -> int:
 def expected_effect_pct(plan: m.Plan) -> float | None:
     """The plan's typical expected effect: the median midpoint of its flag and config items' expected gains."""
     mids = [
-        e.midpoint_pct
+        e.gain_pct
         for it in plan.items
-        if it.kind in ("flag", "config") and (e := reports.parse_expectation(it.expected_impact)) is not None
-        and e.metric != "mean_tpot_ms" and e.midpoint_pct > 0
+        if it.kind in ("flag", "config", "power") and (e := reports.parse_expectation(it.expected_impact)) is not None
+        and e.speaks_for(plan.objective.kind) and e.gain_pct > 0
     ]  # fmt: skip
     return statistics.median(mids) if mids else None
 
@@ -77,7 +77,11 @@ def promising(method: Method, item: m.PlanItem | None) -> bool:
     if item is None:
         return False
     exp = reports.parse_expectation(item.expected_impact)
-    return exp is not None and exp.midpoint_pct >= PROMISING_FACTOR * method.settings.min_gain_pct
+    return (
+        exp is not None
+        and exp.speaks_for(method.plan.objective.kind)
+        and exp.gain_pct >= PROMISING_FACTOR * method.settings.min_gain_pct
+    )
 
 
 @dataclass(frozen=True)

@@ -74,10 +74,6 @@ class Judgement(BaseModel):
     text: str = Field(description="The comparison in one sentence, with its numbers: usable as a verdict's reason.")
 
 
-def _n(x: float) -> str:
-    return f"{x:,.0f}"
-
-
 def _names(flags: list[str]) -> str:
     return ", ".join(flags[:-1]) + f" and {flags[-1]}" if len(flags) > 1 else (flags[0] if flags else "")
 
@@ -127,10 +123,10 @@ class Method:
         """The plan's base flags with the model named in the engine's spelling (Target.base_config)."""
         return self.plan.target.base_config(self.model_flags)
 
-    @property
+    @functools.cached_property
     def objective(self) -> Objective:
-        """What every comparison judges (output tok/s at the judged level)."""
-        return objective_for(self.settings)
+        """What every comparison judges: the plan's objective (output tok/s at the judged level by default)."""
+        return objective_for(self.plan)
 
     def experiment(self, experiment_id: int | None) -> m.Experiment | None:
         return next((e for e in self.experiments if e.id == experiment_id), None)
@@ -143,14 +139,13 @@ class Method:
     # ---- levels
 
     def ok_values(self, e: m.Experiment) -> dict[int, list[float]]:
-        """The objective's value per concurrency and run, for the levels that count (completed, no failure)."""
+        """The objective's value per concurrency and run, for the levels that count (completed, no failure; for
+        capacity, one value per run at the workload's highest concurrency)."""
         out: dict[int, list[float]] = {}
         for result in self.runs.get(e.id or 0, []):
-            for lv in result.levels:
-                value = self.objective.value(lv)
-                if value is not None and lv.max_concurrency is not None:
-                    out.setdefault(lv.max_concurrency, []).append(value)
-        return out
+            for c, value in self.objective.value_of_run(result).items():
+                out.setdefault(c, []).append(value)
+        return dict(sorted(out.items()))
 
     def failed_levels(self, e: m.Experiment) -> list[int]:
         return sorted(
@@ -402,10 +397,11 @@ class Method:
             top = max(after)
             runs = after[top]
             mean = sum(runs) / len(runs)
-            text = f"{_n(mean)} {self.objective.unit} at concurrency {top}"
+            n = self.objective.number
+            text = f"{n(mean)} {self.objective.at(top)}"
             if len(runs) > 1:
                 word = "spread" if len(runs) == 2 else "noise, twice the standard error of the mean"
-                text += f" (mean of {len(runs)} runs: {', '.join(_n(v) for v in runs)}; {word} {noise or 0:.1f}%)"
+                text += f" (mean of {len(runs)} runs: {', '.join(n(v) for v in runs)}; {word} {noise or 0:.1f}%)"
             text += self._refused_clause(e)
             return Judgement(
                 suggestion="baseline", concurrency=top, after_tok_s=mean, runs_tok_s=runs, text=text, **common
@@ -425,17 +421,15 @@ class Method:
             best is not None and e.base_experiment_id is not None and best.id not in (e.id, e.base_experiment_id)
         )
         suggestion = self._suggest(change, band, len(runs), moved)
-        measured = (
-            f"{_n(a)}" if len(runs) == 1 else f"{_n(a)}, mean of {len(runs)} runs: {', '.join(_n(v) for v in runs)}"
-        )
+        n = self.objective.number
+        measured = f"{n(a)}" if len(runs) == 1 else f"{n(a)}, mean of {len(runs)} runs: {', '.join(n(v) for v in runs)}"
         text = (
-            f"{change:+.1f}% {self.objective.unit} at concurrency {c} ({_n(b)} -> {measured}; experiment "
-            f"{self.number(e.base_experiment_id)} "
-            f"-> {e.number})"
+            f"{change:+.1f}% {self.objective.at(c)} ({n(b)} -> {measured}; experiment "
+            f"{self.number(e.base_experiment_id)} -> {e.number})"
         ) + self._band_clause(suggestion, change, band, noise)
         if suggestion == "superseded" and best is not None:
             bv = self.ok_values(best).get(c) or []
-            at = f" with {_n(sum(bv) / len(bv))} {self.objective.unit} at concurrency {c}" if bv else ""
+            at = f" with {n(sum(bv) / len(bv))} {self.objective.at(c)}" if bv else ""
             text += (
                 f", but experiment {best.number}, run beside it, became the best{at}: not adopted (the search weighs it "
                 "again on the new best)"

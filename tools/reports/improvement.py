@@ -55,7 +55,8 @@ def _expected_comparison(
         chosen = common[-1:]
     parts, verdicts = [], []
     for c in chosen:
-        pct = _change(getattr(before[c], exp.metric), getattr(after[c], exp.metric))
+        b, a = getattr(before[c], exp.metric, None), getattr(after[c], exp.metric, None)  # capacity: not a level's
+        pct = _change(b, a) if b is not None and a is not None else None
         if pct is None:
             continue
         parts.append(f"{_signed(pct)} at concurrency {c}")

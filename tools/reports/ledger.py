@@ -25,7 +25,7 @@ class Ledger:
     runs: dict[int, int] = field(default_factory=dict)  # experiment -> benchmark runs (reruns average)
     usage: list[m.ModelUsage] = field(default_factory=list)  # the model's use, one row per agent run
     investigations: list[m.Investigation] = field(default_factory=list)  # sub-agent reports (agent/investigate.py)
-    # experiment -> concurrency -> the noise of its runs' output tok/s (twice the standard error of their mean, in %;
+    # experiment -> concurrency -> the noise of its runs' objective (output tok/s by default; twice the standard error of their mean, in %;
     # for two runs their spread (max - min) / mean), where it has two or more
     spread_pct: dict[int, dict[int, float]] = field(default_factory=dict)
     capacity: dict[int, list[m.Capacity]] = field(default_factory=dict)  # experiment -> its runs' capacity brackets
@@ -40,6 +40,7 @@ class Ledger:
         runs: dict[int, int] = {}
         spread: dict[int, dict[int, float]] = {}
         capacity: dict[int, list[m.Capacity]] = {}
+        objective = record.plan.objective  # the values the method judges (output tok/s by default)
         for e in experiments:
             eid = e.id or 0
             by_level: dict[int, list[m.BenchLevel]] = {}
@@ -53,9 +54,12 @@ class Ledger:
                     if level.max_concurrency is not None:
                         by_level.setdefault(level.max_concurrency, []).append(level)
             levels[eid] = {c: m.BenchLevel.mean(lvs) for c, lvs in by_level.items()}
-            for c, lvs in by_level.items():
-                ok = [lv.output_throughput for lv in lvs if lv.holds]
-                if (noise := m.BenchLevel.noise_pct(ok)) is not None:
+            by_value: dict[int, list[float]] = {}  # the plan's objective per level and run (output tok/s by default)
+            for result in results:
+                for c, value in objective.value_of_run(result).items():
+                    by_value.setdefault(c, []).append(value)
+            for c, values in by_value.items():
+                if (noise := m.BenchLevel.noise_pct(values)) is not None:
                     spread.setdefault(eid, {})[c] = noise
             telemetry[eid] = {t.max_concurrency: t for t in store.telemetry(eid) if t.max_concurrency is not None}
         return cls(

@@ -62,20 +62,56 @@ def summary_question(
     return "Which of these should pivot pursue next, or do you have a different direction in mind?", options
 
 
-def prediction_text(e: m.Experiment) -> str:
-    """What the search predicted before the launch, as a clause (empty when nothing was predicted)."""
+def prediction_text(e: m.Experiment, plan: m.Plan | None = None) -> str:
+    """What the search predicted before the launch, as a clause (empty when nothing was predicted); the predicted
+    value is the plan's objective (output tok/s by default)."""
     if e.predicted_change_pct is not None:
         return f"predicted {e.predicted_change_pct:+.1f}%"
     if e.predicted_tok_s is not None:
+        if plan is not None and plan.objective.kind != "throughput":
+            return f"predicted {plan.objective.number(e.predicted_tok_s)} {plan.objective.unit}"
         return f"predicted {_tok(e.predicted_tok_s)} output tok/s"
     return ""
 
 
+def objective_values(ledger: Ledger, e: m.Experiment) -> dict[int, float]:
+    """The plan's objective per level of an experiment (the mean of its runs; capacity: the mean of its runs'
+    capacities, at the workload's highest concurrency)."""
+    objective = ledger.plan.objective
+    if objective.kind == "capacity":
+        caps = ledger.capacity.get(e.id or 0, [])
+        if not caps:
+            return {}
+        return {max(e.workload.concurrency): sum(c.capacity or 0.0 for c in caps) / len(caps)}
+    return {c: v for c, lv in sorted(ledger.ok_levels(e).items()) if (v := objective.value(lv)) is not None}
+
+
+def _objective_effect(ledger: Ledger, e: m.Experiment, base: m.Experiment | None) -> str:
+    """The experiment's effect on an objective other than throughput, in its words ("" for throughput)."""
+    objective = ledger.plan.objective
+    if objective.kind == "throughput":
+        return ""
+    mine = objective_values(ledger, e)
+    if not mine:
+        return ""
+    if base is None or e.kind == "baseline" or e.verdict == "baseline":
+        top = max(mine)
+        return f"{objective.number(mine[top])} {objective.at(top)}"
+    before = objective_values(ledger, base)
+    common = sorted(set(before) & set(mine))
+    if not common:
+        return ""
+    c = common[-1]
+    return objective.change_words(before[c], mine[c]) + ("" if objective.kind == "capacity" else f" at concurrency {c}")
+
+
 def _effect(ledger: Ledger, e: m.Experiment) -> str:
     if e.verdict == "predicted":
-        return f"not launched; {prediction_text(e) or 'predicted'} (the twin, not a measurement)"
+        return f"not launched; {prediction_text(e, ledger.plan) or 'predicted'} (the twin, not a measurement)"
     text = _effect_text(ledger, e)
-    pred = prediction_text(e)
+    if (objective := _objective_effect(ledger, e, ledger.base_of(e))) and e.verdict != "not_measured":
+        text = f"{objective}; {text}"
+    pred = prediction_text(e, ledger.plan)
     if pred and (ledger.runs.get(e.id or 0, 0) > 0):
         text += f" [{pred}]"
     if e.workload.workload_key() != ledger.workload_key():
@@ -203,9 +239,9 @@ def _noise(ledger: Ledger) -> list[str]:
     )
     above, below = [], []
     for it in ledger.plan.items:
-        exp = parse_expectation(it.expected_impact) if it.kind in ("flag", "config") else None
-        if exp is not None and exp.metric != "mean_tpot_ms":
-            (above if exp.high_pct >= band else below).append(it.id)
+        exp = parse_expectation(it.expected_impact) if it.kind in ("flag", "config", "power") else None
+        if exp is not None and exp.speaks_for(ledger.plan.objective.kind):
+            (above if exp.best_gain_pct >= band else below).append(it.id)
     if above:
         text += f" It can tell apart the changes the plan expects to reach it ({', '.join(above)})"
         text += f"; not those expected below it ({', '.join(below)}): they read as no gain." if below else "."
@@ -377,7 +413,7 @@ def _next_steps(
             if errors:
                 line += f" Plan check {errors[0]}"
             predicted = [e for e in ledger.item_experiments(item.id) if e.verdict == "predicted"]
-            if predicted and prediction_text(predicted[-1]):
+            if predicted and prediction_text(predicted[-1], plan):
                 line += _predicted_note(ledger, predicted[-1])
             out.append(line)
         out += [
@@ -409,7 +445,7 @@ def _predicted_note(ledger: Ledger, p: m.Experiment) -> str:
     """An item not launched: the prediction, the best it was made against, and whether that is still the best."""
     against = ledger.number(p.base_experiment_id)
     note = (
-        f" Not launched: when experiment #{p.number} was recorded, the twin {prediction_text(p)} against experiment "
+        f" Not launched: when experiment #{p.number} was recorded, the twin {prediction_text(p, ledger.plan)} against experiment "
         f"#{against}, corrected to what was measured then"
     )
     best = ledger.best()
