@@ -146,12 +146,7 @@ def campaign(args: tuple[str, float, int, bool]) -> dict:
                 change = (after - before) / before * 100 if before else 0.0
                 false_adopt += e.verdict == "adopted" and change < FLOOR
                 false_regress += e.verdict == "regressed" and change > -FLOOR
-        steps = [
-            f"#{e.id} {'+'.join(e.plan_items) + ''.join(f' -{i}' for i in e.reverts) or 'baseline'} {e.verdict} "
-            f"runs={method.run_count(e)}"
-            + (f" pred={e.predicted_change_pct:+.1f}%" if e.predicted_change_pct is not None else "")
-            for e in method.experiments
-        ]
+        steps = [_step(plan, method, e) for e in method.experiments]
         best = method.best()
         final = true_tok(plan, best.config if best is not None else plan.target.base_config())
         store.close()
@@ -180,6 +175,25 @@ def campaign(args: tuple[str, float, int, bool]) -> dict:
         "seconds": round(time.monotonic() - started, 1),
         "steps": steps,
     }
+
+
+def _step(plan: m.Plan, method, e: m.Experiment) -> str:
+    """One experiment of a campaign in a line: what it launched, its verdict, and its change as measured, as
+    judged (the measurement weighted with the twin's prediction, when it was), as predicted and noise-free."""
+    out = (
+        f"#{e.id} {'+'.join(e.plan_items) + ''.join(f' -{i}' for i in e.reverts) or 'baseline'} {e.verdict} "
+        f"runs={method.run_count(e)}"
+    )
+    j = method.judge(e) if e.kind == "change" and method.run_count(e) else None
+    if j is not None and j.change_pct is not None:
+        out += f" measured={j.change_pct:+.2f}%"
+        out += f" judged={j.judged_pct:+.2f}%" if j.judged_pct is not None and j.judged_pct != j.change_pct else ""
+    if e.predicted_change_pct is not None:
+        out += f" pred={e.predicted_change_pct:+.2f}%"
+    base = method.experiment(e.base_experiment_id)
+    if base is not None and e.kind == "change" and (before := true_tok(plan, base.config)):
+        out += f" true={(true_tok(plan, e.config) - before) / before * 100:+.2f}%"
+    return out
 
 
 def main() -> None:

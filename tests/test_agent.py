@@ -212,13 +212,14 @@ def verdicts_true_to_the_noise(method: Method) -> set[str]:
     for e in method.experiments:
         if e.verdict in ("adopted", "no_gain", "regressed"):
             j = method.judge(e)
-            assert j.change_pct is not None, e
+            change = j.judged_pct  # the change the verdict rests on (the measured one, or weighted with the twin's)
+            assert change is not None and j.change_pct is not None, e
             if e.verdict == "adopted":
-                assert j.change_pct > j.band_pct, e
+                assert change > j.band_pct, e
             elif e.verdict == "no_gain":
-                assert abs(j.change_pct) < j.band_pct or j.change_pct < 0, e
+                assert abs(change) < j.band_pct or change < 0, e
             else:
-                assert j.change_pct <= -j.band_pct, e
+                assert change <= -j.band_pct, e
         elif e.verdict == "predicted":  # not launched: the prediction, not a measurement, put it inside the band
             assert method.run_count(e) == 0 and e.log_path is None, e
             assert e.predicted_change_pct is not None and band is not None, e

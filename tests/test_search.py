@@ -409,3 +409,47 @@ def test_no_search_on_the_command_line_is_the_greedy_setting() -> None:
     assert _settings(target, "sim", {}, None, {**method, "search": False}).search is False
     assert _settings(target, "sim", {}, None, {**method, "search": True}).search is True
     assert _settings(target, "sim", {}, None, method).search is True  # the default: the search
+
+
+def test_a_change_at_the_band_is_judged_with_the_twins_record(store, paths, fake_twin) -> None:
+    """The measured change and the twin's prediction, weighted by their precision: a change the twin predicted
+    beyond the band, measured just inside it, is adopted when the twin's record in this campaign is good; judged on
+    the measurement alone without a prediction or with a twin the campaign showed to be off; never adopted when the
+    twin puts it inside the band too. The measured change stays the measured one."""
+    plan = make_plan(["07", "06", "08"])
+
+    def campaign(predicted_07: float, predicted_06: float | None, measured_06: float) -> tuple[Method, m.Experiment]:
+        s = session_for(store, paths, plan)
+        base = add(store, s, [], plan.target.base_config(), None)
+        base = store.update_experiment(measure(store, s, base, 1000, 1010).model_copy(update={"verdict": "baseline"}))
+        first = add(store, s, ["07"], plan.item("07").apply(base.config), base, predicted_change_pct=predicted_07)
+        first = measure(store, s, first, 1300, 1315)  # +30.3% measured
+        first = store.update_experiment(first.model_copy(update={"verdict": "adopted"}))
+        b = 1307.5 * (1 + measured_06 / 100)
+        e = add(store, s, ["06"], plan.item("06").apply(first.config), first, predicted_change_pct=predicted_06)
+        e = measure(store, s, e, b - 5, b + 5)
+        return Method.read(store, s.id), e
+
+    method, e = campaign(30.0, 3.6, 2.4)  # the twin within noise of its one measured change
+    j = method.judge(e)
+    assert j.change_pct == pytest.approx(2.4, abs=0.01), j.text  # the measurement, as measured
+    assert 3.0 < (j.judged_pct or 0) < 3.6 and j.suggestion == "adopted"
+    assert "measured +2.4% (2 runs) and predicted +3.6% (the twin, within 0.5% of 1 measured change" in j.text
+    assert f"{j.judged_pct:+.1f}%, beyond the 3.0% noise band" in j.text
+
+    method, e = campaign(30.0, None, 2.4)  # no prediction: today's rule
+    j = method.judge(e)
+    assert j.judged_pct == j.change_pct and j.suggestion == "no_gain" and "predicted" not in j.text
+
+    method, e = campaign(20.0, 3.6, 2.4)  # the twin was 10% off on the campaign's one measured change
+    j = method.judge(e)
+    assert j.judged_pct == j.change_pct and j.suggestion == "no_gain"
+    assert "off by" in j.text and "judged on the measurement alone" in j.text
+
+    method, e = campaign(30.0, 9.0, 2.4)  # the measurement contradicts the prediction: the measurement alone
+    j = method.judge(e)
+    assert j.judged_pct == j.change_pct and j.suggestion == "no_gain" and "contradicts" in j.text
+
+    method, e = campaign(30.0, 2.0, 2.9)  # both inside the band: never adopted
+    j = method.judge(e)
+    assert 2.0 < (j.judged_pct or 0) < 2.9 and j.suggestion == "no_gain"

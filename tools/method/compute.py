@@ -133,7 +133,7 @@ def _judging(method: Method, mv: Moves) -> bool:
         elif j.suggestion == "rerun":
             mv.reruns[eid] = (
                 "a gain beyond the band on one run: a second run confirms it"
-                if (j.change_pct or 0) >= j.band_pct
+                if (j.judged_pct or 0) >= j.band_pct
                 else "the gain is inside the noise band: rerun it before the verdict"
             )
         elif (

@@ -147,7 +147,11 @@ RULES: list[Rule] = [
         "verdict",
         "Record each verdict by the numbers run_benchmark returns (its judgement permits exactly one): adopted only "
         "beyond the noise band, a gain inside it rerun before it is called no_gain, regressed beyond the band the "
-        "other way, crashed with the classified reason; name no-op flags in the reason. stop_server after each.",
+        "other way, crashed with the classified reason; name no-op flags in the reason. The change judged is the "
+        "measured one, or, when the twin predicted it before launch and its errors on this campaign's measured "
+        "changes stay under the band, the measured and the predicted change weighted by their precision (the "
+        "judgement gives both numbers: put them in the reason; a document shows the measured change). "
+        "stop_server after each.",
         enforced_by=MOVES,
     ),
     Rule(

@@ -9,8 +9,15 @@ read the ledger through this one module, so an LLM and the built-in policy are h
   experiment's runs (a rerun adds a run);
 - the noise band is max(min_gain_pct, measured noise), where the measured noise is twice the standard error of the
   baseline's mean at its judged level (for two runs: their spread (max - min) / mean; more runs narrow it);
-- a change is adopted only when its gain beats the band on the mean of at least two runs (a gain beyond the band
-  on one run is rerun to confirm it, unless the session's `search` setting is off: the old greedy path); a gain
+- a change is judged by its measured gain, or, with the search on, when the twin predicted it before launch and has a
+  record in this campaign, by the measured and the predicted gain weighted by their precision: the measurement's
+  variance is the pooled run-to-run variance over its runs and its base's, the prediction's is the twin's mean squared
+  error on the changes judged so far beyond what the noise explains (never below TWIN_MIN_PCT); a twin whose error is
+  as large as the band is not heard (the measured gain alone), nor one the measurement contradicts (they differ by
+  more than twice their combined error). The weighted gain lies between the two, so a change the twin and the
+  measurement both put below the band is never adopted;
+- a change is adopted only when its (judged) gain beats the band on the mean of at least two runs (a gain beyond the
+  band on one run is rerun to confirm it, unless the session's `search` setting is off: the old greedy path); a gain
   inside the band is rerun (up to `reruns` times) and then called no gain; a loss beyond the band is a regression;
   failed requests are a crash;
 - a change whose changed flags the engine does not model (a simulated engine: `Experiment.not_modelled`) is not
@@ -36,6 +43,8 @@ from agent.errors import PivotError
 from agent.store import Store
 from tools.method.objective import Objective, noise_pct, objective_for
 
+TWIN_MIN_PCT = 0.5  # the twin's own error on a change is never taken below this, whatever its record
+TWIN_RECORD = ("adopted", "no_gain", "regressed", "superseded")  # verdicts whose measured change is the twin's record
 REFUSED_FAILURES = ("unrecognized-argument", "ambiguous-argument", "argument-validation")
 Suggestion = Literal[
     "baseline",
@@ -61,7 +70,12 @@ class Judgement(BaseModel):
     before_tok_s: float | None = None
     after_tok_s: float | None = Field(default=None, description="Mean output tok/s over this experiment's runs.")
     runs_tok_s: list[float] = Field(default_factory=list, description="Output tok/s of each run at the judged level.")
-    change_pct: float | None = None
+    change_pct: float | None = Field(default=None, description="The measured change (mean against mean), in %.")
+    judged_pct: float | None = Field(
+        default=None,
+        description="The change the verdict is judged by: the measured one, or the measured and the twin's predicted "
+        "change weighted by their precision (`text` says which, with both numbers).",
+    )
     noise_pct: float | None = Field(
         default=None, description="Measured: twice the standard error of the baseline's mean (two runs: their spread)."
     )
@@ -329,6 +343,73 @@ class Method:
         unmodelled = set(e.not_modelled) | set(base.not_modelled if base is not None else [])
         return changed, [f for f in changed if f in unmodelled]
 
+    def run_sd_pct(self, workload: m.BenchSpec | None = None) -> float | None:
+        """The run-to-run standard deviation of the objective, in % of the mean, pooled over the experiments on
+        `workload` measured more than once (at their top level); None before any."""
+        key = (workload or self.plan.workload).workload_key()
+        squares, df = 0.0, 0
+        for x in self.experiments:
+            values = self.ok_values(x) if x.workload.workload_key() == key else {}
+            runs = values[max(values)] if values else []
+            if len(runs) > 1 and (mean := sum(runs) / len(runs)) > 0:
+                squares += sum(((v - mean) / mean * 100) ** 2 for v in runs)
+                df += len(runs) - 1
+        return (squares / df) ** 0.5 if df else None
+
+    def _compared(self, e: m.Experiment) -> tuple[int, list[float], list[float]] | None:
+        """(the judged level, the base's runs there, e's runs there) for a change measured against its base."""
+        base = self.experiment(e.base_experiment_id)
+        before, after = (self.ok_values(base) if base is not None else {}), self.ok_values(e)
+        shared = sorted(set(before) & set(after))
+        return (shared[-1], before[shared[-1]], after[shared[-1]]) if shared else None
+
+    def twin_record(self, e: m.Experiment) -> list[tuple[float, float, int, int]]:
+        """The twin's record in this campaign before `e`: (measured change, predicted change, runs, base runs) of
+        each change judged so far on e's workload that was predicted before its launch."""
+        key = e.workload.workload_key()
+        out = []
+        for x in self.experiments:
+            if (x.id or 0) >= (e.id or 0) or x.kind != "change" or x.predicted_change_pct is None:
+                continue
+            if x.verdict not in TWIN_RECORD or x.workload.workload_key() != key or x.not_modelled:
+                continue
+            if (cmp := self._compared(x)) is not None and (b := sum(cmp[1]) / len(cmp[1])) > 0:
+                measured = (sum(cmp[2]) / len(cmp[2]) - b) / b * 100
+                out.append((measured, x.predicted_change_pct, len(cmp[2]), len(cmp[1])))
+        return out
+
+    def with_twin(self, e: m.Experiment, change: float, runs: int, base_runs: int, band: float) -> tuple[float, str]:
+        """The change `e` is judged by, and how it was reached, in words: the measured change, or, when the twin
+        predicted it before launch, its errors on this campaign's measured changes (beyond what the noise explains)
+        stay under the band and this measurement does not contradict it, the measured and the predicted change
+        weighted by their precision."""
+        p, unit_runs = e.predicted_change_pct, f"{runs} run{'s' if runs != 1 else ''}"
+        sd = self.run_sd_pct(e.workload)
+        heard = p is not None and self.settings.search and e.kind == "change" and not e.not_modelled
+        record = self.twin_record(e) if heard else []  # the greedy path (search off) judges measurements alone
+        if p is None or sd is None or not record:
+            return change, ""
+        var = sd**2 * (1 / runs + 1 / base_runs)  # of the measured change
+        noise2 = sum(sd**2 * (1 / n + 1 / nb) for _, _, n, nb in record) / len(record)
+        twin2 = max(TWIN_MIN_PCT**2, sum((mc - pc) ** 2 for mc, pc, _, _ in record) / len(record) - noise2)
+        of = f"{len(record)} measured change{'s' if len(record) != 1 else ''}"
+        if twin2**0.5 >= band:
+            return change, (
+                f"; the twin predicted {p:+.1f}%, but its predictions were off by {twin2**0.5:.1f}% of {of} beyond "
+                "the noise: judged on the measurement alone"
+            )
+        if abs(change - p) > 2 * (var + twin2) ** 0.5:
+            return change, (
+                f"; the twin predicted {p:+.1f}% (within {twin2**0.5:.1f}% of {of}), but this measurement contradicts "
+                "it beyond both their errors: judged on the measurement alone"
+            )
+        weight = var / (var + twin2)  # of the prediction
+        judged = change + weight * (p - change)
+        return judged, (
+            f"; measured {change:+.1f}% ({unit_runs}) and predicted {p:+.1f}% (the twin, within {twin2**0.5:.1f}% of "
+            f"{of}; run-to-run noise {sd:.1f}%): {judged:+.1f}%"
+        )
+
     def _suggest(self, change: float, band: float, runs: int, moved: bool) -> Suggestion:
         """The verdict a change of `change` % on `runs` runs suggests, by the rules in the module docstring."""
         if change >= band and change > 0 and moved:
@@ -406,27 +487,29 @@ class Method:
             return Judgement(
                 suggestion="baseline", concurrency=top, after_tok_s=mean, runs_tok_s=runs, text=text, **common
             )
-        base = self.experiment(e.base_experiment_id)
-        before = self.ok_values(base) if base is not None else {}
-        shared = sorted(set(before) & set(after))
-        if not shared:
+        compared = self._compared(e)
+        if compared is None:
             return Judgement(suggestion="pending", text="no level to compare with its base", **common)
-        c = shared[-1]
-        b = sum(before[c]) / len(before[c])
-        runs = after[c]
+        c, before_runs, runs = compared
+        b = sum(before_runs) / len(before_runs)
         a = sum(runs) / len(runs)
         change = (a - b) / b * 100 if b > 0 else 0.0
+        judged, combined = self.with_twin(e, change, len(runs), len(before_runs), band)
         best = self.best(e.workload)
         moved = (  # another change was adopted since e was launched on its base (an executor ran them side by side)
             best is not None and e.base_experiment_id is not None and best.id not in (e.id, e.base_experiment_id)
         )
-        suggestion = self._suggest(change, band, len(runs), moved)
+        suggestion = self._suggest(judged, band, len(runs), moved)
         n = self.objective.number
         measured = f"{n(a)}" if len(runs) == 1 else f"{n(a)}, mean of {len(runs)} runs: {', '.join(n(v) for v in runs)}"
         text = (
-            f"{change:+.1f}% {self.objective.at(c)} ({n(b)} -> {measured}; experiment "
-            f"{self.number(e.base_experiment_id)} -> {e.number})"
-        ) + self._band_clause(suggestion, change, band, noise)
+            (
+                f"{change:+.1f}% {self.objective.at(c)} ({n(b)} -> {measured}; experiment "
+                f"{self.number(e.base_experiment_id)} -> {e.number})"
+            )
+            + combined
+            + self._band_clause(suggestion, judged, band, noise)
+        )
         if suggestion == "superseded" and best is not None:
             bv = self.ok_values(best).get(c) or []
             at = f" with {n(sum(bv) / len(bv))} {self.objective.at(c)}" if bv else ""
@@ -449,6 +532,7 @@ class Method:
             after_tok_s=a,
             runs_tok_s=runs,
             change_pct=change,
+            judged_pct=judged,
             text=text,
             **common,
         )
