@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import socket
 import time
 
@@ -43,6 +44,15 @@ def timed_url():
 # ------------------------------------------------------------------------------------------ fidelity
 
 
+def _reported_loop_lag_ms(level: BenchLevel) -> float:
+    """The p99 lateness of the client's event loop that the level's warnings report, 0 when they report none."""
+    for warning in level.warnings:
+        found = re.search(r"event loop ran ([0-9,.]+) ms late", warning)
+        if found:
+            return float(found.group(1).replace(",", ""))
+    return 0.0
+
+
 @pytest.mark.parametrize("concurrency", [1, 8, 64])
 @pytest.mark.parametrize("endpoint", ["generate", "completions", "chat"])
 def test_ttft_tpot_and_throughput_match_the_servers_schedule(timed_url, endpoint, concurrency):
@@ -67,11 +77,13 @@ def test_ttft_tpot_and_throughput_match_the_servers_schedule(timed_url, endpoint
     assert level.total_input_tokens == waves * concurrency * IN_LEN
     assert level.max_in_flight == concurrency
     # The server keeps its schedule to within a few ms (its timer, and a host whose two cores run the suite's two
-    # workers), and says what it did; what the client measures must match what the server did, within 1 ms + 3%.
+    # workers), and says what it did; what the client measures must match what the server did, within 1 ms + 3%,
+    # plus the lateness of its own event loop when it reported one (a starved host: its timestamps carry that much)
     assert server["mean_first_token_late_ms"] < 15.0 and abs(server["mean_tpot_ms"] - I_MS) < 1.0
-    assert level.mean_ttft_ms == pytest.approx(server["mean_ttft_ms"], abs=1.0 + 0.03 * T_MS)
-    assert level.mean_tpot_ms == pytest.approx(server["mean_tpot_ms"], abs=1.0 + 0.03 * I_MS)
-    assert level.mean_itl_ms == pytest.approx(server["mean_tpot_ms"], abs=1.0 + 0.03 * I_MS)
+    lag_ms = _reported_loop_lag_ms(level)
+    assert level.mean_ttft_ms == pytest.approx(server["mean_ttft_ms"], abs=1.0 + 0.03 * T_MS + lag_ms)
+    assert level.mean_tpot_ms == pytest.approx(server["mean_tpot_ms"], abs=1.0 + 0.03 * I_MS + lag_ms)
+    assert level.mean_itl_ms == pytest.approx(server["mean_tpot_ms"], abs=1.0 + 0.03 * I_MS + lag_ms)
     # Each slot serves `waves` requests back to back, each lasting TTFT + (n - 1) x TPOT.
     per_request_s = (server["mean_ttft_ms"] + (OUT_LEN - 1) * server["mean_tpot_ms"]) / 1000
     implied = waves * concurrency * OUT_LEN / (waves * per_request_s)
