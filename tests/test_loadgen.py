@@ -78,10 +78,15 @@ def test_ttft_tpot_and_throughput_match_the_servers_schedule(timed_url, endpoint
     assert level.max_in_flight == concurrency
     # The server keeps its schedule to within a few ms (its timer, and a host whose two cores run the suite's two
     # workers), and says what it did; what the client measures must match what the server did, within 1 ms + 3%,
-    # plus the lateness of its own event loop when it reported one (a starved host: its timestamps carry that much)
+    # plus the lateness of its own event loop when it reported one (a starved host: its timestamps carry that much).
+    # TTFT, as bench_serving times it, starts before the request is sent and the server's starts when it has read it:
+    # a burst of `concurrency` requests opened at once waits in the server's accept queue and parser between the two
+    # (up to 1 ms a request on two shared cores), never less than the server's own TTFT.
     assert server["mean_first_token_late_ms"] < 15.0 and abs(server["mean_tpot_ms"] - I_MS) < 1.0
     lag_ms = _reported_loop_lag_ms(level)
-    assert level.mean_ttft_ms == pytest.approx(server["mean_ttft_ms"], abs=1.0 + 0.03 * T_MS + lag_ms)
+    burst_ms = 1.0 * concurrency
+    assert level.mean_ttft_ms >= server["mean_ttft_ms"] - 1.0
+    assert level.mean_ttft_ms <= server["mean_ttft_ms"] + 1.0 + 0.03 * T_MS + lag_ms + burst_ms
     assert level.mean_tpot_ms == pytest.approx(server["mean_tpot_ms"], abs=1.0 + 0.03 * I_MS + lag_ms)
     assert level.mean_itl_ms == pytest.approx(server["mean_tpot_ms"], abs=1.0 + 0.03 * I_MS + lag_ms)
     # Each slot serves `waves` requests back to back, each lasting TTFT + (n - 1) x TPOT.
