@@ -69,6 +69,8 @@ def test_a_keeper_sees_a_reused_pid_as_gone() -> None:
     mark = f"task-{os.getpid()}-{time.monotonic_ns()}"
     server = _spawn({keeper.TASK_VAR: mark})
     try:  # the watched pid runs, but it started at another time than the keeper was told: not the worker
+        # the server is up and marked before the keeper looks, as a task's server is (keep() looks once)
+        assert _until(lambda: marked_processes(mark, keeper.TASK_VAR) == [server.pid], 5)
         keeper.keep(os.getpid(), "1", mark, poll_s=0.05)
         assert _until(lambda: server.poll() is not None, 10)
     finally:
