@@ -33,7 +33,9 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -89,18 +91,26 @@ def grid(path: Path) -> dict:
     }
 
 
-def campaign(args: tuple[str, float, int, bool]) -> dict:
-    """One campaign of the autopilot on the sim engine, `continue` at every pivot, scored from its ledger."""
-    plan_path, noise, seed, searched = args
+@dataclass
+class Campaign:
+    """A campaign run to its end on the sim engine: its method (read from the ledger), how it ended, its pivots."""
+
+    plan: m.Plan
+    method: Any
+    status: str
+    error: str
+    pivots: int
+
+
+def run_campaign(plan_path: str, noise: float, seed: int, searched: bool = True) -> Campaign:
+    """One campaign of the autopilot on the sim engine in a throwaway home, `continue` at every pivot (30 at most);
+    an exception is an abort, kept as its error."""
     from agent import loop
     from agent.session import Paths, Session
     from agent.store import Store
-    from tools.engines.catalog import audit, load_catalog
     from tools.method import Method
-    from tools.search import noop_reason
 
     plan = load_plan(plan_path)
-    started = time.monotonic()
     with tempfile.TemporaryDirectory() as home:
         paths = Paths.from_env(home)
         paths.state_dir.mkdir(parents=True, exist_ok=True)
@@ -122,34 +132,50 @@ def campaign(args: tuple[str, float, int, bool]) -> dict:
                 status, error = outcome.status, outcome.message if outcome.status != "finished" else ""
             except Exception as e:  # an abort, counted as one
                 error = f"{type(e).__name__}: {e}"
-            method = Method.read(store, session.id)
-        catalog = load_catalog("sglang", "0.5.23")
-        noop_items = set()
-        for it in _items(plan):
-            issues = audit(catalog, it.apply(plan.target.base_config()))
-            if noop_reason([i for i in issues if i.flag in it.flags.names()], it) is not None:
-                noop_items.add(it.id)
-        launches = noop = false_adopt = false_regress = reverts = reverts_adopted = 0
-        for e in method.experiments:
-            runs = method.run_count(e)
-            started_failed = e.status == "failed" and runs == 0 and e.verdict == "crashed"
-            launched = runs + (1 if started_failed else 0)
-            launches += launched
-            if launched and e.reverts:
-                reverts += 1
-                reverts_adopted += e.verdict == "adopted"
-            if launched and set(e.plan_items) & noop_items:
-                noop += launched
-            base = method.experiment(e.base_experiment_id)
-            if e.verdict in ("adopted", "regressed") and base is not None:
-                before, after = true_tok(plan, base.config), true_tok(plan, e.config)
-                change = (after - before) / before * 100 if before else 0.0
-                false_adopt += e.verdict == "adopted" and change < FLOOR
-                false_regress += e.verdict == "regressed" and change > -FLOOR
-        steps = [_step(plan, method, e) for e in method.experiments]
-        best = method.best()
-        final = true_tok(plan, best.config if best is not None else plan.target.base_config())
+            method = Method.read(store, session.id)  # read whole: it needs the ledger no more
         store.close()
+    return Campaign(plan, method, status, error, pivots)
+
+
+def launched(method: Any, e: m.Experiment) -> int:
+    """The launches an experiment took: its runs, or one for a server that crashed before its first run."""
+    runs = method.run_count(e)
+    return runs + (1 if e.status == "failed" and runs == 0 and e.verdict == "crashed" else 0)
+
+
+def campaign(args: tuple[str, float, int, bool]) -> dict:
+    """One campaign of the autopilot on the sim engine, `continue` at every pivot, scored from its ledger."""
+    plan_path, noise, seed, searched = args
+    from tools.engines.catalog import audit, load_catalog
+    from tools.search import noop_reason
+
+    started = time.monotonic()
+    run = run_campaign(plan_path, noise, seed, searched)
+    plan, method, status, error, pivots = run.plan, run.method, run.status, run.error, run.pivots
+    catalog = load_catalog("sglang", "0.5.23")
+    noop_items = set()
+    for it in _items(plan):
+        issues = audit(catalog, it.apply(plan.target.base_config()))
+        if noop_reason([i for i in issues if i.flag in it.flags.names()], it) is not None:
+            noop_items.add(it.id)
+    launches = noop = false_adopt = false_regress = reverts = reverts_adopted = 0
+    for e in method.experiments:
+        n = launched(method, e)
+        launches += n
+        if n and e.reverts:
+            reverts += 1
+            reverts_adopted += e.verdict == "adopted"
+        if n and set(e.plan_items) & noop_items:
+            noop += n
+        base = method.experiment(e.base_experiment_id)
+        if e.verdict in ("adopted", "regressed") and base is not None:
+            before, after = true_tok(plan, base.config), true_tok(plan, e.config)
+            change = (after - before) / before * 100 if before else 0.0
+            false_adopt += e.verdict == "adopted" and change < FLOOR
+            false_regress += e.verdict == "regressed" and change > -FLOOR
+    steps = [_step(plan, method, e) for e in method.experiments]
+    best = method.best()
+    final = true_tok(plan, best.config if best is not None else plan.target.base_config())
     print(
         f"{plan.name} {'search' if searched else 'greedy'} noise {noise:g} seed {seed}: {launches} launches, "
         f"{time.monotonic() - started:.0f} s",

@@ -28,7 +28,6 @@ import itertools
 import json
 import statistics
 import sys
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -39,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 from agent import models as m  # noqa: E402
 from agent.contracts import Prediction  # noqa: E402
 from agent.plans import load_plan  # noqa: E402
+from benchmarks.search_eval import launched, run_campaign  # noqa: E402
 
 PLANS = [
     ROOT / "plans" / "glm5-nvfp4-rtxpro6000x8-capacity.toml",
@@ -116,48 +116,19 @@ def grid(path: Path) -> dict:
 def campaign(args: tuple[str, float, int]) -> dict:
     """One campaign of the autopilot on the sim engine, `continue` at every pivot, scored from its ledger."""
     plan_path, noise, seed = args
-    from agent import loop
-    from agent.session import Paths, Session
-    from agent.store import Store
-    from tools.method import Method
-
-    plan = load_plan(plan_path)
     started = time.monotonic()
-    with tempfile.TemporaryDirectory() as home:
-        paths = Paths.from_env(home)
-        paths.state_dir.mkdir(parents=True, exist_ok=True)
-        store = Store(paths.db_path)
-        t = plan.target
-        settings = m.SessionSettings(
-            seed=seed,
-            engine_options={"model_profile": t.model_profile, "hardware": t.hardware, "gpus": t.gpus, "noise": noise},
-        )
-        session = Session.create(store, paths, plan, name=plan.name, engine_name="sim", settings=settings)
-        pivots, status, error = 0, "failed", ""
-        with session:
-            try:
-                outcome = loop.run(session)
-                while outcome.status == "pivot" and pivots < 30:
-                    pivots += 1
-                    outcome = loop.run(session, answer="continue")
-                status, error = outcome.status, outcome.message if outcome.status != "finished" else ""
-            except Exception as e:  # an abort, counted as one
-                error = f"{type(e).__name__}: {e}"
-            method = Method.read(store, session.id)
-        launches = 0
-        for e in method.experiments:
-            runs = method.run_count(e)
-            launches += runs + (1 if e.status == "failed" and runs == 0 and e.verdict == "crashed" else 0)
-        steps = [
-            f"#{e.id} {'+'.join(e.plan_items) + ''.join(f' -{i}' for i in e.reverts) or 'baseline'} {e.verdict} "
-            f"runs={method.run_count(e)}"
-            + (f" pred={e.predicted_change_pct:+.1f}%" if e.predicted_change_pct is not None else "")
-            for e in method.experiments
-        ]
-        best = method.best()
-        final_items = tuple(method.active_items())
-        final = value(plan, best.config if best is not None else plan.target.base_config())
-        store.close()
+    run = run_campaign(plan_path, noise, seed)
+    plan, method, status, error, pivots = run.plan, run.method, run.status, run.error, run.pivots
+    launches = sum(launched(method, e) for e in method.experiments)
+    steps = [
+        f"#{e.id} {'+'.join(e.plan_items) + ''.join(f' -{i}' for i in e.reverts) or 'baseline'} {e.verdict} "
+        f"runs={method.run_count(e)}"
+        + (f" pred={e.predicted_change_pct:+.1f}%" if e.predicted_change_pct is not None else "")
+        for e in method.experiments
+    ]
+    best = method.best()
+    final_items = tuple(method.active_items())
+    final = value(plan, best.config if best is not None else plan.target.base_config())
     print(f"{plan.name} noise {noise:g} seed {seed}: {launches} launches, {time.monotonic() - started:.0f} s",
           file=sys.stderr, flush=True)  # fmt: skip
     return {"plan": plan.name, "noise": noise, "seed": seed, "final_value": final, "final_items": "+".join(final_items),
