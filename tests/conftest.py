@@ -78,7 +78,7 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
-# Tests that must not run beside each other on two workers (pytest-xdist): each local Ray instance takes the host's
+# Tests that must not run beside each other on the workers (pytest-xdist): each local Ray instance takes the host's
 # cores and fake GPUs, so the Ray tests run one after another on one worker.
 SERIAL_GROUPS = {"test_ray_campaign": "ray", "test_ray_executor": "ray"}
 

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from agent.cli import cli
 from agent.session import Paths
 from agent.store import Store
+from tests.procs import one_big_level_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 PIVOT = [sys.executable, "-m", "agent.cli"]
@@ -23,18 +24,14 @@ PIVOT = [sys.executable, "-m", "agent.cli"]
 
 @pytest.mark.slow
 def test_ctrl_c_during_a_run_prints_the_resume_command(tmp_path, pivot_home):
-    text = (ROOT / "plans" / "glm5-nvfp4-rtxpro6000x8.toml").read_text()
-    text = text.replace("concurrency = [1, 256, 512, 1024, 2048]", "concurrency = [2048]")
-    text = text.replace("prompts_per_concurrency = 1.0\n", "num_prompts = 150000\n")  # a level of tens of seconds
-    plan = tmp_path / "big.toml"
-    plan.write_text(text)
+    plan = one_big_level_plan(tmp_path)  # Ctrl-C inside the twin's seconds-long prediction of the baseline
     proc = subprocess.Popen([*PIVOT, "run", str(plan)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, cwd=ROOT)  # fmt: skip
     lines: list[str] = []
     try:
         for line in proc.stderr:
             lines.append(line)
-            if "benchmarking levels" in line:
+            if "launch_server(baseline=True)" in line:
                 break
         time.sleep(0.5)
         proc.send_signal(signal.SIGINT)

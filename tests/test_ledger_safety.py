@@ -17,6 +17,7 @@ from agent import models as m
 from agent.errors import LedgerError, SessionLocked
 from agent.session import Paths, Session
 from agent.store import Store
+from tests.procs import pivot_here
 
 PIVOT = [sys.executable, "-m", "agent.cli"]
 
@@ -30,7 +31,7 @@ def test_corrupt_ledger_gives_a_clear_error_and_is_untouched(paths, header):
     paths.state_dir.mkdir(parents=True)
     paths.db_path.write_bytes(header + os.urandom(64 * 1024))
     before = _digest(paths.db_path)
-    proc = subprocess.run([*PIVOT, "sessions"], capture_output=True, text=True, timeout=60)
+    proc = pivot_here("sessions")
     assert proc.returncode == 1
     assert "damaged or not a pivot database" in proc.stderr and "hint:" in proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
@@ -109,7 +110,7 @@ def test_cli_show_says_who_holds_the_lock(paths, store, small_plan):
     store.create_session(m.Session(id="lock02", name="shown", plan=small_plan, engine="sim"))
     holder = _hold_lock(paths.db_path, "lock02")
     try:
-        proc = subprocess.run([*PIVOT, "show", "lock02"], capture_output=True, text=True, timeout=60)
+        proc = pivot_here("show", "lock02")
         assert proc.returncode == 0, proc.stderr
         assert f"in use by pid {holder.pid}" in proc.stdout
     finally:
@@ -129,14 +130,14 @@ def test_unlock_clears_a_dead_or_foreign_lock_but_not_a_live_one(paths, store, s
     store.create_session(m.Session(id="lock03", name="x", plan=small_plan, engine="sim"))
     holder = _hold_lock(paths.db_path, "lock03")
     try:
-        proc = subprocess.run([*PIVOT, "unlock", "lock03"], capture_output=True, text=True, timeout=60)
+        proc = pivot_here("unlock", "lock03")
         assert proc.returncode == 1 and f"in use by pid {holder.pid}, which is running" in proc.stderr
         store.db.conn.execute("update sessions set lock_host = 'gone-container' where id = 'lock03'")
         store.db.conn.commit()
         with pytest.raises(SessionLocked, match="on host gone-container") as info:
             Session.open(store, paths, "lock03")
         assert "pivot unlock lock03" in info.value.hint
-        proc = subprocess.run([*PIVOT, "unlock", "lock03"], capture_output=True, text=True, timeout=60)
+        proc = pivot_here("unlock", "lock03")
         assert proc.returncode == 0 and f"lock of pid {holder.pid} cleared" in proc.stdout
         Session.open(store, paths, "lock03").close()
     finally:
@@ -173,7 +174,7 @@ def test_a_damaged_ledger_with_an_uncheckpointed_wal_is_left_untouched(paths):
     paths.db_path.write_bytes(bytes(data))
     before = (_digest(paths.db_path), _digest(wal))
     for command in (["sessions"], ["resume", "wal000"], ["run", "llama70b-fp8-h200x1"]):
-        proc = subprocess.run([*PIVOT, *command], capture_output=True, text=True, timeout=60)
+        proc = pivot_here(*command)
         assert proc.returncode == 1 and "damaged" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
         assert (_digest(paths.db_path), _digest(wal)) == before, command
 
@@ -185,7 +186,7 @@ def test_a_ledger_missing_a_table_is_refused_before_anything_writes_to_it(paths,
     store.close()
     before = _digest(paths.db_path)
     for command in (["resume", "tbl001"], ["servers", "tbl001"], ["run", "llama70b-fp8-h200x1"], ["sessions"]):
-        proc = subprocess.run([*PIVOT, *command], capture_output=True, text=True, timeout=60)
+        proc = pivot_here(*command)
         assert proc.returncode == 1, (command, proc.stderr)
         assert "lacks the table servers" in proc.stderr and "no such table" not in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr

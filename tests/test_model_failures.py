@@ -4,10 +4,8 @@ line and a hint, exit 1, no traceback, no key in the output, and the session lef
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,6 +15,7 @@ import pytest
 
 from agent.session import Paths
 from agent.store import Store
+from tests.procs import pivot_here
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-test-0123456789abcdefSECRET"
@@ -70,11 +69,16 @@ class FakeModel:
 
 
 def run(home: Path, url: str, **env: str) -> subprocess.CompletedProcess[str]:
-    full = {**os.environ, "PIVOT_HOME": str(home), "PIVOT_MODEL_API_KEY": KEY, **env}
-    args = ["run", "glm5-nvfp4-rtxpro6000x8", "--model", "openai-chat:m", "--model-base-url", url]
-    return subprocess.run(
-        [sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, env=full, timeout=120, cwd=ROOT
-    )
+    """`pivot run` with a model at `url` (these tests' own fake: the one model requests may go to)."""
+    import pydantic_ai.models
+
+    full = {"PIVOT_HOME": str(home), "PIVOT_MODEL_API_KEY": KEY, **env}
+    pydantic_ai.models.ALLOW_MODEL_REQUESTS = True
+    try:
+        return pivot_here("run", "glm5-nvfp4-rtxpro6000x8", "--model", "openai-chat:m", "--model-base-url", url,
+                          env=full)  # fmt: skip
+    finally:
+        pydantic_ai.models.ALLOW_MODEL_REQUESTS = False
 
 
 def check(home: Path, done: subprocess.CompletedProcess[str], words: str) -> None:

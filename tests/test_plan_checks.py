@@ -79,16 +79,9 @@ expected_impact = "+5% output tok/s"
 
 
 def _cli(home, *args):
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from tests.procs import pivot_here
 
-    env = {**os.environ, "PIVOT_HOME": str(home)}
-    root = Path(__file__).resolve().parent.parent
-    return subprocess.run(
-        [sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, env=env, timeout=120, cwd=root
-    )
+    return pivot_here(*args, env={"PIVOT_HOME": str(home)})
 
 
 def test_a_failed_baseline_is_fixed_by_editing_the_plan(tmp_path):

@@ -459,3 +459,20 @@ def test_charts_a_reader_understands_at_a_glance():
     plt.close(fig)
     png = charts.line_chart(series, title="Output tok/s", ylabel="output tok/s", band=band)
     assert png.startswith(b"\x89PNG")
+
+
+def test_a_chart_drawn_again_for_the_same_arguments_is_not_drawn_again(monkeypatch):
+    """A summary rewritten on an unchanged ledger (a resume, the next pivot) gets the same PNG without drawing it;
+    any argument that differs draws a new one."""
+    from tools.reports import charts
+
+    drawn = []
+    real = charts._png
+    monkeypatch.setattr(charts, "_png", lambda fig: drawn.append(fig) or real(fig))
+    series = [charts.Series(label="#1 baseline", points={1: 10.0, 64: 400.0}, role="baseline", tag="#1")]
+    first = charts.line_chart(series, title="a chart only this test draws", ylabel="output tok/s")
+    again = charts.line_chart(series, title="a chart only this test draws", ylabel="output tok/s")
+    assert again == first and len(drawn) == 1
+    other = [charts.Series(label="#1 baseline", points={1: 10.0, 64: 401.0}, role="baseline", tag="#1")]
+    changed = charts.line_chart(other, title="a chart only this test draws", ylabel="output tok/s")
+    assert changed != first and len(drawn) == 2

@@ -58,8 +58,9 @@ def test_a_level_the_host_cannot_keep_up_with_runs_again_slower_and_reads_like_t
     assert level.refused is None and level.holds
     twin = _twin_level(tmp_path)
     # before: the host's own speed times 5000, an order of magnitude off the twin; now within the HTTP path's slack
-    assert level.output_throughput == pytest.approx(twin.output_throughput, rel=0.15), (level, twin)
-    assert level.mean_tpot_ms == pytest.approx(twin.mean_tpot_ms, rel=0.15)
+    # (the client's own delays on a host whose two cores run other tests too: up to a fifth, measured under -n 3)
+    assert level.output_throughput == pytest.approx(twin.output_throughput, rel=0.25), (level, twin)
+    assert level.mean_tpot_ms == pytest.approx(twin.mean_tpot_ms, rel=0.25)
     # the raw JSONL and the progress lines carry the same (simulated) numbers as the result
     assert [lv.output_throughput for lv in raw] == [level.output_throughput]
     done = [line for line in lines if ": done," in line][-1]  # the run that counts

@@ -278,3 +278,23 @@ def test_predict_cli_bad_flag_is_a_clear_error():
     assert result.exit_code == 1
     assert "unrecognized arguments: --enable-piecewise-cuda-graph" in result.stderr
     assert "breakable" in result.stderr
+
+
+def test_a_step_costs_the_same_from_the_per_row_memo_as_worked_out_afresh():
+    """The cost model works out a row count's GEMMs and communication once (tools/engines/sim/costmodel.py
+    `_rows_part`); a step priced from that memo is the same float as one priced with the memo empty."""
+    from tools.engines.sim import costmodel
+
+    twin = Twin.build("glm-5-nvfp4", "rtx-pro-6000-blackwell", 8, m.ServerConfig.parse("--tp-size 4 --pp-size 2"))
+    cost = twin.cost
+    steps = [(b, c) for b in (1, 7, 64, 513, 2048) for c in (0.0, 900.0, 123_456.0)]
+    warm = [(cost.decode(b, c), cost.prefill(b * 8, c, b)) for b, c in steps]
+    again = [(cost.decode(b, c), cost.prefill(b * 8, c, b)) for b, c in steps]  # every row count from the memo
+    slow = costmodel.CostModel(cost.model, cost.hw, cost.par, clock=0.6)  # a power limit's clock: a memo of its own
+    limited = [(slow.decode(b, c), slow.prefill(b * 8, c, b)) for b, c in steps]
+    costmodel._ROWS_MEMOS.clear()
+    fresh = costmodel.CostModel(cost.model, cost.hw, cost.par, clock=cost.clock)
+    cold = [(fresh.decode(b, c), fresh.prefill(b * 8, c, b)) for b, c in steps]
+    fresh_slow = costmodel.CostModel(cost.model, cost.hw, cost.par, clock=0.6)
+    assert again == warm == cold
+    assert limited == [(fresh_slow.decode(b, c), fresh_slow.prefill(b * 8, c, b)) for b, c in steps] != warm

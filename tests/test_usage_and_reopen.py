@@ -4,15 +4,13 @@ reopened by an answer that names an item: that item is tested, then the campaign
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from agent import loop
 from agent.session import Session
+from tests.procs import pivot_here
 from tests.test_method_guard import DOCS, _new
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,15 +34,11 @@ def test_usage_is_kept_per_run_and_shown(tmp_path):
     assert len(rows) == 2 and all(r.requests >= 2 and r.input_tokens > 0 and r.output_tokens > 0 for r in rows)
     assert rows[0].requests == 3 and rows[0].outcome == "waiting"  # two tool calls and the end of the script
     assert all(r.model.startswith("script:") and r.cost_usd is None for r in rows)
-    env = {**os.environ, "PIVOT_HOME": str(tmp_path)}
-    shown = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "show", ledger.sid], capture_output=True, text=True, env=env, cwd=ROOT
-    )
+    env = {"PIVOT_HOME": str(tmp_path)}
+    shown = pivot_here("show", ledger.sid, env=env)
     total_in = sum(r.input_tokens for r in rows)
     assert f"{sum(r.requests for r in rows)} requests, {total_in:,} input" in shown.stdout, shown.stdout
-    as_json = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "show", ledger.sid, "--json"], capture_output=True, text=True, env=env
-    )
+    as_json = pivot_here("show", ledger.sid, "--json", env=env)
     assert [u["input_tokens"] for u in json.loads(as_json.stdout)["usage"]] == [r.input_tokens for r in rows]
     # the final summary (no options) says what the model's use was up to the step that wrote it
     summary = max(
@@ -75,15 +69,7 @@ def test_an_item_asked_for_after_the_end_reopens_the_campaign(tmp_path):
     # the CLI takes the same road: a finished session with --answer runs; what ran already on this configuration
     # is not launched as a new experiment: it gets one more run
     runs = len(ledger.store.bench_results(new[-1].id))
-    env = {**os.environ, "PIVOT_HOME": str(tmp_path)}
-    cli = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "resume", ledger.sid, "--answer", "01"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=300,
-    )
+    cli = pivot_here("resume", ledger.sid, "--answer", "01", env={"PIVOT_HOME": str(tmp_path)})
     assert cli.returncode == 0 and "finished" in cli.stdout, cli.stdout + cli.stderr
     assert ledger.store.experiments(ledger.sid)[len(before) + len(new) :] == []
     assert len(ledger.store.bench_results(new[-1].id)) == runs + 1

@@ -25,6 +25,7 @@ import httpx
 
 from agent.errors import PivotError, redact
 from agent.models import BenchSpec, ProfileCategory, ProfileKernel, ProfileSummary
+from tools.tls import tls_context
 
 CATEGORIES = ("expert_gemm", "other_gemm", "attention", "communication", "other")
 
@@ -244,7 +245,7 @@ def profile_server(
         from tools import loadgen
 
         run_load = loadgen.benchmark
-    with httpx.Client(trust_env=False) as client:
+    with httpx.Client(trust_env=False, verify=tls_context()) as client:
         r = _post(client, base + "/start_profile", body, START_TIMEOUT_S)
         if r.status_code != 200:
             hint = "the server has no /start_profile" if r.status_code == 404 else None

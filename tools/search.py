@@ -40,7 +40,7 @@ from typing import Literal
 
 from agent import models as m
 from agent.contracts import Prediction, Predictor, load_engine
-from agent.errors import PivotError
+from agent.errors import Interrupted, PivotError
 from tools import reports
 from tools.method.answers import Decision
 from tools.method.reading import Method
@@ -665,6 +665,8 @@ def record_fields(
             est = sur.estimate(tuple(items), tuple(reverts))
         else:
             est = sur.estimate_config(tuple(items), config) if config is not None else sur.estimate(tuple(items))
+    except Interrupted:  # pivot got a signal (the twin's prediction stopped): the step is not recorded without it
+        raise
     except Exception:
         return {}
     if est.source == "none" and not est.note:

@@ -19,10 +19,10 @@ from agent import models as m
 from agent import plugins
 from agent.contracts.predictor import Predictor
 from agent.errors import PivotError
-from agent.store import Store
 
 if TYPE_CHECKING:
     from agent.session import Paths
+    from agent.store import Store  # only a type here: a served twin (`sim serve`) never opens a ledger
 
 ProgressCallback = Callable[[str], None]
 

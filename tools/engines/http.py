@@ -18,12 +18,13 @@ import httpx
 
 from agent import models as m
 from agent.contracts import Deployment, Engine, LedgerLink, ProgressCallback
-from agent.errors import PivotError
+from agent.errors import Interrupted, PivotError
 from agent.session import Paths
 from tools.engines.failures import COMMON_RULES, FailureRule, short_line
-from tools.engines.process import ManagedServer
+from tools.engines.process import ManagedServer, stopping
 from tools.metrics import DEFAULT_VOCAB_SIZE
 from tools.telemetry.summary import energy_fields
+from tools.tls import tls_context
 
 if TYPE_CHECKING:
     from agent.session import Session
@@ -80,6 +81,8 @@ def launch_in_session(
     engine = engine or session.engine
     if engine is None:
         raise PivotError("this session has no engine to launch with", hint="open the session with an engine")
+    if stopping():  # a tool still running in its thread after Ctrl-C or SIGTERM starts nothing
+        raise Interrupted("interrupted: pivot is stopping, so no server is launched")
     number = session.store.get_experiment(experiment_id).number if experiment_id is not None else None
     log_path = server_log_path(session.paths, session.id, engine.name, number)  # named as the reports call it
     ledger = LedgerLink(session.store, session.id, experiment_id, session.paths)
@@ -437,7 +440,7 @@ class HttpDeployment:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + CRASH_GRACE_S
         timeout = httpx.Timeout(1.0, connect=0.5)
-        async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
+        async with httpx.AsyncClient(timeout=timeout, trust_env=False, verify=tls_context()) as client:
             while loop.time() < deadline:
                 if self.server.poll() is not None:
                     return True

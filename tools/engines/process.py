@@ -37,6 +37,7 @@ from agent.contracts import LedgerLink, ProgressCallback
 from agent.errors import LaunchFailed, PivotError, is_secret_name
 from agent.servers import FAULT_VAR, MARK_VAR, fault_point, group_members, proc_start, server_mark, stop_group
 from tools.engines.failures import ANSI, COMMON_RULES, UNKNOWN, FailureRule, diagnose, short_line
+from tools.tls import tls_context
 
 DEFAULT_STOP_GRACE_S = 30.0  # SIGTERM to SIGKILL: SGLang tears down its scheduler processes and NCCL in this time
 DEFAULT_READY_TIMEOUT_S = 1800.0  # a large MoE model loads and captures CUDA graphs for minutes
@@ -137,6 +138,7 @@ _pinned = False  # install_signal_handlers() was called: keep the handlers when 
 _atexit_installed = False
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _signals_received = 0  # SIGINT/SIGTERM handled so far: in-process work (the sim engine) stops when it grows
+_stopping = False  # one of them came since pivot's handlers were last installed: the program is on its way out
 handle_signals = True  # set False where the embedding program owns SIGINT/SIGTERM (it must stop servers itself)
 
 
@@ -144,6 +146,12 @@ def signals_received() -> int:
     """How many SIGINT/SIGTERM pivot's handlers have taken so far: work running in a thread (the in-process sim
     engine's benchmark) compares it with the count when it began, and stops when it has grown."""
     return _signals_received
+
+
+def stopping() -> bool:
+    """Whether a SIGINT or SIGTERM has come since pivot's handlers were last installed: the program is stopping, so a
+    tool still running in a worker thread (the main thread already said "interrupted") starts nothing new."""
+    return _stopping
 
 
 def live_servers() -> list[ManagedServer]:
@@ -184,8 +192,10 @@ def install_signal_handlers() -> None:
 
 
 def _install_handlers() -> None:
+    global _stopping
     if not handle_signals or _previous_handlers or threading.current_thread() is not threading.main_thread():
         return
+    _stopping = False
     for sig in HANDLED_SIGNALS:
         previous = signal.getsignal(sig)
         if previous is signal.SIG_IGN:
@@ -205,8 +215,9 @@ def _restore_handlers() -> None:
 
 def _on_signal(signum: int, frame: Any) -> None:
     """SIGINT or SIGTERM while servers run: stop them all (no ledger writes here), then do what the signal meant."""
-    global _signals_received
+    global _signals_received, _stopping
     _signals_received += 1
+    _stopping = True
     previous = _previous_handlers.get(signum, signal.SIG_DFL)
     servers = live_servers()
     _restore_handlers()  # a second Ctrl-C while stopping interrupts the wait; atexit then finishes the job
@@ -533,7 +544,7 @@ class ManagedServer:
         next_progress = t0
         healthy_since: float | None = None
         timeout = httpx.Timeout(self.health_timeout_s, connect=min(self.health_timeout_s, 0.5))
-        with httpx.Client(timeout=timeout, trust_env=False) as client:
+        with httpx.Client(timeout=timeout, trust_env=False, verify=tls_context()) as client:
             while True:
                 code = self.poll()
                 if code is not None:

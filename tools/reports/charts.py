@@ -10,9 +10,12 @@ would read as what the crashed level gave).
 
 from __future__ import annotations
 
+import functools
 import io
 import textwrap
-from collections.abc import Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +42,32 @@ _STYLE = {
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
 _MARKERS = ("^", "v", "D", "P", "<", ">", "*", "h", "p", "d")  # "X" marks a crash
 _LABEL_WIDTH = 95
+
+
+_DRAWN: OrderedDict[str, bytes] = OrderedDict()
+_DRAWN_LOCK = threading.Lock()
+CHARTS_KEPT = 64  # PNGs (tens of KB each) a process keeps: a summary rewritten on the same ledger draws nothing again
+
+
+def _drawn_once(chart: Callable[..., bytes]) -> Callable[..., bytes]:
+    """A chart's PNG depends on its arguments alone (their dataclasses' reprs say all of them): one drawn for the
+    same arguments before is given again (drawing one takes a tenth of a second or more)."""
+
+    @functools.wraps(chart)
+    def drawn(*args: Any, **kwargs: Any) -> bytes:
+        key = repr((chart.__name__, args, sorted(kwargs.items())))
+        with _DRAWN_LOCK:
+            if key in _DRAWN:
+                _DRAWN.move_to_end(key)
+                return _DRAWN[key]
+        png = chart(*args, **kwargs)
+        with _DRAWN_LOCK:
+            _DRAWN[key] = png
+            while len(_DRAWN) > CHARTS_KEPT:
+                _DRAWN.popitem(last=False)
+        return png
+
+    return drawn
 
 
 def _figure() -> tuple[Any, Any]:
@@ -87,6 +116,7 @@ def _legend(fig, ax, note: str) -> None:
         ax.set_title(note, loc="right", fontsize=8, color="#666666")
 
 
+@_drawn_once
 def line_chart(
     series: Sequence[Series],
     *,
@@ -185,6 +215,7 @@ def _place_tags(fig, ax, tags: list[tuple[float, float, str, str]]) -> None:
                     va="center", fontweight="bold")  # fmt: skip
 
 
+@_drawn_once
 def power_chart(series: Sequence[Series], *, title: str, limit_w: float | None, note: str = "") -> bytes:
     """Mean power per GPU at each level, grouped bars per experiment, with the power limit as a line."""
     fig, ax = _figure()
@@ -238,6 +269,7 @@ def pareto_front(points: Sequence[EnergyPoint]) -> list[EnergyPoint]:
     return sorted(front, key=lambda p: (p.j_per_tok, -p.tok_s))
 
 
+@_drawn_once
 def energy_chart(points: Sequence[EnergyPoint], *, title: str, level_note: str, note: str = "") -> bytes:
     """Experiments on output tok/s against joules per output token, the Pareto front drawn through the ones no other
     beats on both (up and to the left is better)."""
@@ -276,6 +308,7 @@ def energy_figure(points: Sequence[EnergyPoint], *, title: str, level_note: str,
     return fig
 
 
+@_drawn_once
 def attainment_chart(
     series: Sequence[Series], *, title: str, target: float, xlabel: str, note: str = "", log_x: bool = True
 ) -> bytes:

@@ -9,12 +9,13 @@ import httpx
 
 from agent.models import Telemetry
 from tools.telemetry.gpus import GAUGE_KEYS, HTTP_TIMEOUT_S, GpuFrame, GpuReading, TelemetryUnavailable
+from tools.tls import tls_context
 
 # ------------------------------------------------------------------------------------------------ the twin
 
 
 def _client() -> httpx.Client:
-    return httpx.Client(timeout=HTTP_TIMEOUT_S, trust_env=False)
+    return httpx.Client(timeout=HTTP_TIMEOUT_S, trust_env=False, verify=tls_context())
 
 
 def _base(base_url: str) -> str:

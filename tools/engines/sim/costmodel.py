@@ -77,6 +77,8 @@ while throughput rises).
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from tools.profiles import HardwareProfile, ModelProfile
@@ -154,6 +156,24 @@ class StageShape:
     weight_bytes: float  # per GPU
 
 
+_RowsPart = tuple[float | None, float, float, float, float, float]
+_ROWS_MEMOS: OrderedDict[tuple, dict[tuple[int, float], _RowsPart]] = OrderedDict()
+_ROWS_LOCK = threading.Lock()
+ROWS_MEMOS_KEPT = 32  # cost models (model, hardware, layout, clock) whose per-row-count parts a process keeps
+
+
+def _rows_memo(key: tuple) -> dict[tuple[int, float], _RowsPart]:
+    """The per-row-count parts of every cost model alike (a campaign builds one per configuration it predicts, and
+    configurations share layouts), the most recently used ROWS_MEMOS_KEPT of them."""
+    with _ROWS_LOCK:  # twins are built in tools' worker threads
+        memo = _ROWS_MEMOS.pop(key, None)
+        memo = {} if memo is None else memo
+        _ROWS_MEMOS[key] = memo
+        while len(_ROWS_MEMOS) > ROWS_MEMOS_KEPT:
+            _ROWS_MEMOS.popitem(last=False)
+        return memo
+
+
 class CostModel:
     """Step times for one model on one kind of GPU with one parallel layout."""
 
@@ -172,6 +192,10 @@ class CostModel:
         self.kv_bytes = model.kv_bytes(par.kv_dtype)
         self._dense = model.part("dense")
         self.stages = [self._shape(a, b) for a, b in pp_layer_ranges(model.layers, par.pp)]
+        self._attn_peak = hw.peak_tflops("bf16") * 1e12 * self.clock * cal.gemm_efficiency_max
+        self._bf16_peak = hw.peak_tflops("bf16") * 1e12
+        self._memory_bw = hw.memory_bandwidth_gbs * 1e9
+        self._by_rows = _rows_memo((model.model_dump_json(), hw.model_dump_json(), par, self.clock))
 
     def _shape(self, start: int, end: int) -> StageShape:
         model, tp = self.model, self.par.tp
@@ -218,9 +242,33 @@ class CostModel:
 
     # ---- one stage of work for `rows` tokens
 
-    def _stage(self, st: StageShape, rows: float, ctx_tokens: float, attn_flops: float) -> dict[str, float]:
+    def _stage(self, index: int, rows: float, ctx_tokens: float, attn_flops: float) -> dict[str, float]:
+        """Stage `index`'s work for `rows` tokens reading `ctx_tokens` of KV: the GEMMs and the communication depend
+        on the rows alone and are worked out once per row count (a level repeats its batch sizes thousands of
+        times); attention is added per call, in the same order of sums as one pass would add it."""
+        st = self.stages[index]
+        key = (index, rows)
+        part = self._by_rows.get(key)
+        if part is None:
+            part = self._by_rows[key] = self._rows_part(st, rows)
+        expert, t_dense, busy, tensor, traffic, t_comm = part
+        kv_read = ctx_tokens * self.kv_bytes_per_token_per_gpu(st)
+        attn = attn_flops * st.layer_share / self.par.tp
+        t_attn = max(kv_read / self.bw, attn / self._attn_peak)
+        out: dict[str, float] = {} if expert is None else {"expert_gemm": expert}
+        out["dense_gemm"] = t_dense
+        out["attention"] = t_attn
+        out["communication"] = t_comm
+        out["busy"] = busy + t_attn
+        out["tensor"] = tensor + attn / self._bf16_peak
+        out["memory"] = (traffic + kv_read) / self._memory_bw
+        return out
+
+    def _rows_part(self, st: StageShape, rows: float) -> _RowsPart:
+        """What a stage's step costs for `rows` tokens before attention: (expert GEMMs or None for a dense model,
+        dense GEMMs, busy, tensor and traffic so far, communication)."""
         model, par, hw = self.model, self.par, self.hw
-        out: dict[str, float] = {}
+        expert = None
         busy = tensor = traffic = 0.0
         if model.kind == "moe" and rows > 0:
             E, k = model.experts, model.experts_per_token
@@ -231,9 +279,8 @@ class CostModel:
             w_bytes = st.moe_layers * hit * self.bytes_per_expert / shard
             flops = rows * k * 2 * model.expert_params * st.moe_layers / shard
             peak = hw.peak_tflops(self.expert_dtype) * 1e12
-            t = max(w_bytes / self.gemm_bw(n), flops / (peak * self.clock * self.efficiency(m, n)))
-            out["expert_gemm"] = t
-            busy += t
+            expert = max(w_bytes / self.gemm_bw(n), flops / (peak * self.clock * self.efficiency(m, n)))
+            busy += expert
             tensor += flops / peak
             traffic += w_bytes
         t_dense = 0.0
@@ -248,16 +295,7 @@ class CostModel:
             t_dense += max(w_bytes / self.gemm_bw(n), flops / (peak * self.clock * self.efficiency(rows, n)))
             tensor += flops / peak
             traffic += w_bytes
-        out["dense_gemm"] = t_dense
         busy += t_dense
-        kv_read = ctx_tokens * self.kv_bytes_per_token_per_gpu(st)
-        attn = attn_flops * st.layer_share / par.tp
-        attn_peak = hw.peak_tflops("bf16") * 1e12 * self.clock * self.cal.gemm_efficiency_max
-        t_attn = max(kv_read / self.bw, attn / attn_peak)
-        out["attention"] = t_attn
-        busy += t_attn
-        tensor += attn / (hw.peak_tflops("bf16") * 1e12)
-        traffic += kv_read
         # communication
         t_comm = 0.0
         lat = hw.interconnect.latency_us * 1e-6
@@ -275,11 +313,7 @@ class CostModel:
             t_comm += a2a
         if par.pp > 1:
             t_comm += lat + rows * model.hidden_size * 2 / self.link_bw
-        out["communication"] = t_comm
-        out["busy"] = busy
-        out["tensor"] = tensor
-        out["memory"] = traffic / (hw.memory_bandwidth_gbs * 1e9)
-        return out
+        return expert, t_dense, busy, tensor, traffic, t_comm
 
     def _combine(
         self, stages: list[dict[str, float]], host_s: float, eager_s: float, micro_batches: int = 1
@@ -291,6 +325,8 @@ class CostModel:
         n = len(stages)
 
         def mean(key: str) -> float:  # what one GPU computes in the round, averaged over the stages
+            if n == 1:  # one stage (no PP): the same sum, without a generator per key
+                return micro_batches * (0 + stages[0].get(key, 0.0)) / n
             return micro_batches * sum(st.get(key, 0.0) for st in stages) / n
 
         computed = micro_batches * sum(gpu) / n
@@ -313,7 +349,7 @@ class CostModel:
         micro = max(min(batch, par.pp), 1)  # the scheduler keeps each micro-batch within pp_micro_batch
         rows = -(-batch // micro)
         attn_flops = ctx_tokens / micro * self.model.attention_flops_per_ctx_token
-        stages = [self._stage(st, rows, ctx_tokens / micro, attn_flops) for st in self.stages]
+        stages = [self._stage(i, rows, ctx_tokens / micro, attn_flops) for i in range(len(self.stages))]
         host = self.cal.host_ms_per_step * 1e-3 + self.cal.host_us_per_request * 1e-6 * rows
         eager = self.cal.eager_ms_per_step * 1e-3 if (not par.cuda_graph or rows > par.cuda_graph_max_bs) else 0.0
         return self._combine(stages, host, eager, micro)
@@ -321,8 +357,8 @@ class CostModel:
     def prefill(self, tokens: int, attn_pairs: float, requests: int) -> StepCost:
         """One prefill step over `tokens` prompt tokens; attn_pairs = sum of (token, earlier token) pairs."""
         stages = []
-        for st in self.stages:
-            stage = self._stage(st, tokens, 0.0, attn_pairs * self.model.attention_flops_per_ctx_token)
+        for i, st in enumerate(self.stages):
+            stage = self._stage(i, tokens, 0.0, attn_pairs * self.model.attention_flops_per_ctx_token)
             per_token = self.cal.prefill_us_per_token * 1e-6 * tokens * st.layer_share / self.clock
             stage["attention"] += per_token
             stage["busy"] += per_token

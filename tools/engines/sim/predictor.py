@@ -4,10 +4,14 @@ One simulation per configuration the twin resolves alike (two command lines with
 and faults share one), cached for the process, so a campaign predicts each configuration once. Readings are
 noise-free. The sim and sim-http engines offer it for their own profiles; the real SGLang engine offers it for a
 target whose model and hardware profiles pivot ships (the twin is calibrated on SGLang).
+
+A prediction runs in a tool's worker thread and can take as long as the level it foresees (a large workload): like
+the in-process engine's benchmark, it ends within a moment of a SIGINT or SIGTERM, and nothing it began is cached.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from agent import models as m
@@ -78,12 +82,27 @@ class TwinPredictor:
         )
         if key not in _CACHE:
             _SIMULATIONS[0] += 1
-            sim = twin.simulate(spec, level)
-            lv = twin.level(spec, sim, level)
+            check = _stopped_by_a_signal()
+            sim = twin.simulate(spec, level, check=check)
+            lv = twin.level(spec, sim, level, check)
             crashed = sim.fault is not None or lv.failed > 0
             _CACHE[key] = (lv, crashed)
         lv, crashed = _CACHE[key]
         return Prediction(lv, crashed, None, tuple(twin.not_modelled), tuple(twin.no_effect))
+
+
+def _stopped_by_a_signal() -> Callable[[], None]:
+    """A simulation's `check`: raises once pivot has taken a SIGINT or SIGTERM since the simulation began."""
+    from tools.engines import process
+    from tools.engines.sim.scheduler import SimulationStopped
+
+    before = process.signals_received()
+
+    def check() -> None:
+        if process.signals_received() != before:
+            raise SimulationStopped("the twin's prediction was stopped before it finished")
+
+    return check
 
 
 def _slos(spec: m.BenchSpec) -> tuple[tuple[str, float], ...]:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agent.errors import PivotError
+from agent.errors import Interrupted, PivotError
 from tools.engines.sim.costmodel import CostModel, StepCost
 from tools.metrics import RequestRecord
 from tools.profiles import Fault
@@ -54,7 +54,7 @@ class SimulationStuck(PivotError):
     """The scheduler cannot make progress with these limits: the level would never end."""
 
 
-class SimulationStopped(PivotError):
+class SimulationStopped(Interrupted):
     """The level was stopped before it finished (pivot got SIGTERM or SIGINT, or the deployment was stopped)."""
 
 
@@ -227,6 +227,8 @@ class EngineCore:
 
     def _prefill(self) -> Step | None:
         limits = self.limits
+        if not self.waiting or len(self.running) >= limits.max_running_requests:
+            return None  # nothing can be admitted (the loop below would not run)
         budget = limits.max_prefill_tokens
         if limits.chunked_prefill_size > 0:
             budget = min(budget, limits.chunked_prefill_size)
