@@ -86,7 +86,9 @@ SERIAL_GROUPS = {"test_ray_campaign": "ray", "test_ray_executor": "ray"}
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (--dist loadgroup), keep together on one worker the tests that share a module- or
     class-scoped fixture (an installed plugin, a campaign's ledger, a server), so it is built once, not once per
-    worker; and the tests of a serial group (SERIAL_GROUPS)."""
+    worker; and the tests of a serial group (SERIAL_GROUPS), which are the longest run of the suite, first: a
+    worker takes them at the start while the others share the rest, instead of the suite waiting on them at its end."""
+    items.sort(key=lambda item: (item.module.__name__.rsplit(".", 1)[-1] if item.module else "") not in SERIAL_GROUPS)
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
         group = SERIAL_GROUPS.get(module)
