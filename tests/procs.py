@@ -1,4 +1,5 @@
-"""Process helpers the engine tests share."""
+"""Helpers the tests share for processes: waiting for one to end, a plan whose level takes seconds (to signal inside
+it), and `pivot` run inside the test's own process where a process of its own proves nothing more."""
 
 from __future__ import annotations
 
