@@ -1,11 +1,11 @@
-"""Helpers the tests share for processes: waiting for one to end, a plan whose level takes seconds (to signal inside
+"""Helpers the tests share for processes: waiting for one to end (or for anything), a plan whose level takes seconds (to signal inside
 it), and `pivot` run inside the test's own process where a process of its own proves nothing more."""
 
 from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from agent.servers import pid_alive
@@ -21,6 +21,16 @@ def gone(pid: int, within_s: float = 5.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def until(predicate: Callable[[], object], within_s: float, every_s: float = 0.1) -> bool:
+    """Whether `predicate()` held within `within_s` (polled every `every_s`, and once more at the deadline)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(every_s)
+    return bool(predicate())
 
 
 def one_big_level_plan(folder: Path) -> Path:

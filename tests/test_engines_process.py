@@ -253,6 +253,20 @@ def test_a_server_of_this_very_process_is_not_a_leftover(tmp_path, store, paths,
     session.close()
 
 
+def test_once_pivot_is_stopping_no_server_process_is_started(store, paths, small_plan, tmp_path, monkeypatch):
+    """A tool or an executor's task still running in its thread after SIGINT/SIGTERM (the main thread has said
+    "interrupted") starts no process, and says so as an interruption, not as a server that failed to start."""
+    from agent.errors import Interrupted
+
+    session = _session(store, paths, small_plan)
+    monkeypatch.setattr(process, "_stopping", True)
+    server = _healthy(tmp_path, ledger=LedgerLink(store, session.id, paths=paths))
+    with pytest.raises(Interrupted, match="pivot is stopping"):
+        server.start()
+    assert not server.started and store.servers(session.id) == [] and process.live_servers() == []
+    session.close()
+
+
 # ---------------------------------------------------------------------------------------------- pivot's exit
 
 # A pivot-like program: launches a stand-in server recorded in the ledger, prints its pid, then ends as told.

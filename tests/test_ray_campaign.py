@@ -25,6 +25,7 @@ pytest.importorskip("ray", reason="the Ray executor needs the ray extra: pip ins
 from agent.servers import group_members, marked_processes, server_mark
 from agent.session import Paths
 from agent.store import Store
+from tests.procs import until
 from tools.method.moves import BASELINE_RUNS_MAX
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,15 +38,6 @@ SIM_HTTP = ["--engine", "sim-http", "-o", "time_scale=100", "-o", "startup_s=0.2
 KEYS = {"PIVOT_MODEL_API_KEY": "pivot-key-0123456789", "OPENAI_API_KEY": "sk-0123456789abcdef",
         "ANTHROPIC_API_KEY": "sk-ant-0123456789", "MOONSHOTAI_API_KEY": "moon-0123456789",
         "AWS_SECRET_ACCESS_KEY": "aws-0123456789"}  # fmt: skip
-
-
-def _until(predicate, within_s: float) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return bool(predicate())
 
 
 def _pivot(home: Path, *args: str, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess[str]:
@@ -130,11 +122,11 @@ def test_a_driver_killed_mid_step_leaves_nothing_and_the_session_resumes_here(tm
                 assert not held, f"Ray process {pid} holds {held}"
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
-        assert _until(lambda: not marked_processes(mark), 30), "a server outlived the killed driver"
+        assert until(lambda: not marked_processes(mark), 30), "a server outlived the killed driver"
         # nor any process of the local Ray instance it started (Ray's agents outlive a SIGKILLed driver: its keeper)
         left = lambda: [p for p in group_members(proc.pid) if p != proc.pid]  # noqa: E731
-        assert _until(lambda: not left(), 30), [Path(f"/proc/{p}/cmdline").read_bytes()[:80] for p in left()]
-        assert _until(lambda: not list(temp.glob("pivot-ray-*")), 30), list(temp.iterdir())  # the token went too
+        assert until(lambda: not left(), 30), [Path(f"/proc/{p}/cmdline").read_bytes()[:80] for p in left()]
+        assert until(lambda: not list(temp.glob("pivot-ray-*")), 30), list(temp.iterdir())  # the token went too
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # the driver's own Ray processes (its session)

@@ -19,6 +19,7 @@ pytest.importorskip("ray", reason="the Ray executor needs the pivot[ray] extra (
 from agent import models as m
 from agent.contracts import ExperimentTask, TaskEvent, TaskOutcome
 from agent.servers import marked_processes
+from tests.procs import until
 from tools.executors.local import LocalExecutor
 from tools.executors.ray_cluster import AUTH_VARS, RayExecutor
 
@@ -190,15 +191,6 @@ def test_same_seed_same_numbers_as_the_local_executor(tmp: Path, ray_executor: R
                 assert level.output_throughput == pytest.approx(want.output_throughput, rel=0.4), run.placement
 
 
-def _until(predicate, within_s: float) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def test_a_killed_worker_is_lost_and_its_server_stopped(tmp: Path, ray_executor: RayExecutor) -> None:
     task = make_task(tmp, 1, options=SLOW, workload=LONG)
     killed: list[int] = []
@@ -264,6 +256,6 @@ def test_closing_the_run_early_stops_the_running_server(tmp: Path, ray_executor:
     run = ray_executor.run([quick, slow], lambda e: None)
     first = next(run)
     assert first.task.experiment_id == 1 and first.status == "measured"
-    assert _until(lambda: bool(marked_processes(slow.mark)), 30), "the second server never started"
+    assert until(lambda: bool(marked_processes(slow.mark)), 30), "the second server never started"
     run.close()  # the caller stops reading: what still runs is cancelled
     assert not marked_processes(slow.mark), "the second server outlived the closed run"

@@ -12,6 +12,7 @@ import pytest
 
 from agent.errors import PivotError
 from agent.servers import MARK_VAR, marked_processes
+from tests.procs import until
 from tools.executors import keeper
 from tools.executors.ray_cluster import import_ray
 
@@ -23,20 +24,11 @@ def _spawn(env: dict[str, str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(SLEEP, env={**os.environ, **env}, start_new_session=True, cwd=ROOT)
 
 
-def _until(predicate, within_s: float) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return bool(predicate())
-
-
 def test_marked_processes_reads_the_named_variable() -> None:
     mark = f"mark-{os.getpid()}-{time.monotonic_ns()}"
     proc = _spawn({keeper.TASK_VAR: mark})
     try:
-        assert _until(lambda: marked_processes(mark, keeper.TASK_VAR) == [proc.pid], 5)
+        assert until(lambda: marked_processes(mark, keeper.TASK_VAR) == [proc.pid], 5)
         assert marked_processes(mark) == []  # the default variable is the server mark, which it does not carry
         assert MARK_VAR == "PIVOT_SERVER_OF"
     finally:
@@ -55,8 +47,8 @@ def test_the_keeper_stops_the_marked_groups_when_the_worker_is_gone() -> None:
         assert guard.poll() is None and server.poll() is None  # the worker lives: the keeper waits
         worker.kill()
         worker.wait()
-        assert _until(lambda: server.poll() is not None, 10), "the keeper did not stop the marked server"
-        assert _until(lambda: guard.poll() is not None, 5) and guard.returncode == 0
+        assert until(lambda: server.poll() is not None, 10), "the keeper did not stop the marked server"
+        assert until(lambda: guard.poll() is not None, 5) and guard.returncode == 0
         assert bystander.poll() is None
     finally:
         for p in (worker, server, bystander, guard):
@@ -70,9 +62,9 @@ def test_a_keeper_sees_a_reused_pid_as_gone() -> None:
     server = _spawn({keeper.TASK_VAR: mark})
     try:  # the watched pid runs, but it started at another time than the keeper was told: not the worker
         # the server is up and marked before the keeper looks, as a task's server is (keep() looks once)
-        assert _until(lambda: marked_processes(mark, keeper.TASK_VAR) == [server.pid], 5)
+        assert until(lambda: marked_processes(mark, keeper.TASK_VAR) == [server.pid], 5)
         keeper.keep(os.getpid(), "1", mark, poll_s=0.05)
-        assert _until(lambda: server.poll() is not None, 10)
+        assert until(lambda: server.poll() is not None, 10)
     finally:
         if server.poll() is None:
             server.kill()

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from pydantic_ai import FunctionToolset, ModelRetry, RunContext
 
 from agent import models as m
-from agent.errors import LaunchFailed, PivotError
+from agent.errors import Interrupted, LaunchFailed, PivotError
 from agent.session import LiveServer, Session
 from tools.executors.task import telling_line
 from tools.experiments import audit_issues, proposed_config, record_failed, record_step, refusal
@@ -178,6 +178,8 @@ def _launch(session: Session, method: Method, e: m.Experiment) -> LaunchResult:
     except FlagsRefused as err:  # the engine's own audit disagreed with ours: record it the same way
         record_failed(session, e, "unrecognized-argument", err.message)
         return LaunchResult(status="refused", failure="unrecognized-argument", message=err.message, **common)
+    except Interrupted:  # pivot is stopping: the experiment is not a failed launch (the run marks it interrupted)
+        raise
     except PivotError as err:
         failure = err.failure if isinstance(err, LaunchFailed) else "unknown"
         record_failed(session, e, failure, err.message)

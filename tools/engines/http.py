@@ -18,10 +18,10 @@ import httpx
 
 from agent import models as m
 from agent.contracts import Deployment, Engine, LedgerLink, ProgressCallback
-from agent.errors import Interrupted, PivotError
+from agent.errors import PivotError
 from agent.session import Paths
 from tools.engines.failures import COMMON_RULES, FailureRule, short_line
-from tools.engines.process import ManagedServer, stopping
+from tools.engines.process import ManagedServer
 from tools.metrics import DEFAULT_VOCAB_SIZE
 from tools.telemetry.summary import energy_fields
 from tools.tls import tls_context
@@ -81,8 +81,6 @@ def launch_in_session(
     engine = engine or session.engine
     if engine is None:
         raise PivotError("this session has no engine to launch with", hint="open the session with an engine")
-    if stopping():  # a tool still running in its thread after Ctrl-C or SIGTERM starts nothing
-        raise Interrupted("interrupted: pivot is stopping, so no server is launched")
     number = session.store.get_experiment(experiment_id).number if experiment_id is not None else None
     log_path = server_log_path(session.paths, session.id, engine.name, number)  # named as the reports call it
     ledger = LedgerLink(session.store, session.id, experiment_id, session.paths)

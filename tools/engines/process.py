@@ -34,7 +34,7 @@ import httpx
 
 from agent import models as m
 from agent.contracts import LedgerLink, ProgressCallback
-from agent.errors import LaunchFailed, PivotError, is_secret_name
+from agent.errors import Interrupted, LaunchFailed, PivotError, is_secret_name
 from agent.servers import FAULT_VAR, MARK_VAR, fault_point, group_members, proc_start, server_mark, stop_group
 from tools.engines.failures import ANSI, COMMON_RULES, UNKNOWN, FailureRule, diagnose, short_line
 from tools.tls import tls_context
@@ -415,6 +415,8 @@ class ManagedServer:
         """Start the process in its own process group and session, log to log_path, record it in the ledger."""
         if self._proc is not None:
             raise PivotError("this server was started already")
+        if stopping():  # a tool or task still running in a thread after Ctrl-C or SIGTERM starts no process
+            raise Interrupted(f"interrupted: pivot is stopping, so {self.engine} was not launched")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         if port_answers(self.base_url):
             message = f"something already listens at {self.base_url}, so {self.engine} was not launched there"

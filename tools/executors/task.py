@@ -24,7 +24,7 @@ from agent.contracts import (
     TaskOutcome,
     load_engine,
 )
-from agent.errors import LaunchFailed, PivotError, RequestsRefused
+from agent.errors import Interrupted, LaunchFailed, PivotError, RequestsRefused
 
 PORT_RETRIES = 2  # another server took the port between its pick and the launch (servers side by side on a host)
 MAX_ERRORS = 3
@@ -152,6 +152,8 @@ def _start(
         deployment = engine.launch(task.config, log, ledger=ledger, issues=task.audit)
     except FlagsRefused as err:  # the engine's own audit disagreed with the driver's: recorded the same way
         return None, failed("refused", "unrecognized-argument", err.message)
+    except Interrupted:  # the driver is stopping: not a server that failed to start
+        raise
     except PivotError as err:
         return None, failed("failed", err.failure if isinstance(err, LaunchFailed) else "unknown", err.message)
     try:
