@@ -62,24 +62,26 @@ def _config(plan: m.Plan, ids: tuple[str, ...]) -> m.ServerConfig:
     return config
 
 
-def true_tok(plan: m.Plan, config: m.ServerConfig) -> float:
-    """The noise-free twin's output tok/s at the workload's top level (0 when it does not start or crashes)."""
+def true_tok(plan: m.Plan, config: m.ServerConfig, truth: str | None = None) -> float:
+    """The noise-free twin's output tok/s at the workload's top level (0 when it does not start or crashes); with
+    `truth` (a truth file, tools/engines/sim/truth.py), the twin as that truth has the target behave."""
     from tools.engines.sim.predictor import TwinPredictor
 
     t = plan.target
-    r = TwinPredictor(str(t.model_profile), t.hardware, t.gpus).predict(
+    r = TwinPredictor(str(t.model_profile), t.hardware, t.gpus, truth).predict(
         config, plan.workload, max(plan.workload.concurrency)
     )
     return r.tok_s or 0.0
 
 
-def grid(path: Path) -> dict:
+def grid(path: Path, truth: str | None = None) -> dict:
+    """Every combination of the plan's searchable items, measured noise-free by the twin (or by `truth`)."""
     plan = load_plan(str(path))
     ids = [it.id for it in _items(plan)]
     points = {}
     for n in range(len(ids) + 1):
         for combo in itertools.combinations(ids, n):
-            points["+".join(combo)] = true_tok(plan, _config(plan, combo))
+            points["+".join(combo)] = true_tok(plan, _config(plan, combo), truth)
     best = max(points, key=lambda k: points[k])
     return {
         "plan": plan.name,
@@ -102,9 +104,10 @@ class Campaign:
     pivots: int
 
 
-def run_campaign(plan_path: str, noise: float, seed: int, searched: bool = True) -> Campaign:
+def run_campaign(plan_path: str, noise: float, seed: int, searched: bool = True, truth: str | None = None) -> Campaign:
     """One campaign of the autopilot on the sim engine in a throwaway home, `continue` at every pivot (30 at most);
-    an exception is an abort, kept as its error."""
+    an exception is an abort, kept as its error. With `truth`, the engine measures the target as that truth has it
+    while the search keeps the plan's own twin (the sim engine's predictor is the stock twin)."""
     from agent import loop
     from agent.session import Paths, Session
     from agent.store import Store
@@ -116,10 +119,9 @@ def run_campaign(plan_path: str, noise: float, seed: int, searched: bool = True)
         paths.state_dir.mkdir(parents=True, exist_ok=True)
         store = Store(paths.db_path)
         t = plan.target
+        options = {"model_profile": t.model_profile, "hardware": t.hardware, "gpus": t.gpus, "noise": noise}
         settings = m.SessionSettings(
-            seed=seed,
-            search=searched,
-            engine_options={"model_profile": t.model_profile, "hardware": t.hardware, "gpus": t.gpus, "noise": noise},
+            seed=seed, search=searched, engine_options={**options, **({"truth": truth} if truth else {})}
         )
         session = Session.create(store, paths, plan, name=plan.name, engine_name="sim", settings=settings)
         pivots, status, error = 0, "failed", ""
@@ -143,14 +145,16 @@ def launched(method: Any, e: m.Experiment) -> int:
     return runs + (1 if e.status == "failed" and runs == 0 and e.verdict == "crashed" else 0)
 
 
-def campaign(args: tuple[str, float, int, bool]) -> dict:
-    """One campaign of the autopilot on the sim engine, `continue` at every pivot, scored from its ledger."""
-    plan_path, noise, seed, searched = args
+def campaign(args: tuple) -> dict:
+    """One campaign of the autopilot on the sim engine, `continue` at every pivot, scored from its ledger against
+    the twin (or, with a fifth member, against that truth file: what the engine measured with)."""
+    plan_path, noise, seed, searched = args[:4]
+    truth: str | None = args[4] if len(args) > 4 else None
     from tools.engines.catalog import audit, load_catalog
     from tools.search import noop_reason
 
     started = time.monotonic()
-    run = run_campaign(plan_path, noise, seed, searched)
+    run = run_campaign(plan_path, noise, seed, searched, truth)
     plan, method, status, error, pivots = run.plan, run.method, run.status, run.error, run.pivots
     catalog = load_catalog("sglang", "0.5.23")
     noop_items = set()
@@ -169,13 +173,13 @@ def campaign(args: tuple[str, float, int, bool]) -> dict:
             noop += n
         base = method.experiment(e.base_experiment_id)
         if e.verdict in ("adopted", "regressed") and base is not None:
-            before, after = true_tok(plan, base.config), true_tok(plan, e.config)
+            before, after = true_tok(plan, base.config, truth), true_tok(plan, e.config, truth)
             change = (after - before) / before * 100 if before else 0.0
             false_adopt += e.verdict == "adopted" and change < FLOOR
             false_regress += e.verdict == "regressed" and change > -FLOOR
-    steps = [_step(plan, method, e) for e in method.experiments]
+    steps = [_step(plan, method, e, truth) for e in method.experiments]
     best = method.best()
-    final = true_tok(plan, best.config if best is not None else plan.target.base_config())
+    final = true_tok(plan, best.config if best is not None else plan.target.base_config(), truth)
     print(
         f"{plan.name} {'search' if searched else 'greedy'} noise {noise:g} seed {seed}: {launches} launches, "
         f"{time.monotonic() - started:.0f} s",
@@ -187,6 +191,7 @@ def campaign(args: tuple[str, float, int, bool]) -> dict:
         "noise": noise,
         "seed": seed,
         "search": searched,
+        "truth": truth,
         "final_tok_s": final,
         "launches": launches,
         "noop_launches": noop,
@@ -203,7 +208,7 @@ def campaign(args: tuple[str, float, int, bool]) -> dict:
     }
 
 
-def _step(plan: m.Plan, method, e: m.Experiment) -> str:
+def _step(plan: m.Plan, method, e: m.Experiment, truth: str | None = None) -> str:
     """One experiment of a campaign in a line: what it launched, its verdict, and its change as measured, as
     judged (the measurement weighted with the twin's prediction, when it was), as predicted and noise-free."""
     out = (
@@ -217,8 +222,8 @@ def _step(plan: m.Plan, method, e: m.Experiment) -> str:
     if e.predicted_change_pct is not None:
         out += f" pred={e.predicted_change_pct:+.2f}%"
     base = method.experiment(e.base_experiment_id)
-    if base is not None and e.kind == "change" and (before := true_tok(plan, base.config)):
-        out += f" true={(true_tok(plan, e.config) - before) / before * 100:+.2f}%"
+    if base is not None and e.kind == "change" and (before := true_tok(plan, base.config, truth)):
+        out += f" true={(true_tok(plan, e.config, truth) - before) / before * 100:+.2f}%"
     return out
 
 

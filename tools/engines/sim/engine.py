@@ -13,7 +13,7 @@ from tools.engines.base import CatalogEngine
 from tools.engines.catalog import CatalogError
 from tools.engines.sglang import FAILURE_RULES as SGLANG_FAILURE_RULES
 from tools.engines.sim.options import SimOptions
-from tools.engines.sim.predictor import twin_predictor
+from tools.engines.sim.predictor import build_twin, twin_predictor
 from tools.engines.sim.scheduler import LevelSimulation, SimulationStopped
 from tools.engines.sim.twin import Twin, TwinStartupError, not_modelled_flags
 
@@ -180,7 +180,11 @@ class SimEngine(CatalogEngine):
         o = self.setup({**dict(zip(names, profile, strict=False)), **options})
         assert isinstance(o, SimOptions)
         self.model_profile, self.hardware, self.gpus, self.noise = o.model_profile, o.hardware, o.gpus, o.noise
-        self.seed = o.seed
+        self.seed, self.truth = o.seed, o.truth
+        if o.truth:
+            from tools.engines.sim.truth import load_truth
+
+            load_truth(o.truth)  # a truth file that does not read is refused before anything is recorded
 
     def with_seed(self, seed: int) -> SimEngine:
         """The same engine drawing its noise from `seed` (the agent seeds each experiment on its own)."""
@@ -192,7 +196,8 @@ class SimEngine(CatalogEngine):
         return not_modelled_flags(config, VERSION)
 
     def predictor(self, target: m.Target) -> Predictor | None:
-        """The twin itself, noise-free, for this engine's profiles and GPUs."""
+        """The twin itself, noise-free, for this engine's profiles and GPUs (the stock twin, with a truth too: the
+        truth is what the engine measures, never what it predicts)."""
         return twin_predictor(self.model_profile, self.hardware, self.gpus)
 
     def start(
@@ -202,7 +207,7 @@ class SimEngine(CatalogEngine):
         with SGLang's parser, forced or not; nothing is launched, so nothing is recorded in `ledger`)."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            twin = Twin.build(self.model_profile, self.hardware, self.gpus, config, VERSION)
+            twin = build_twin(self.model_profile, self.hardware, self.gpus, config, self.truth, VERSION)
         except CatalogError as e:
             log_path.write_text(e.stderr, encoding="utf-8")
             kind = "ambiguous-argument" if "ambiguous" in e.message else "unrecognized-argument"

@@ -7,8 +7,9 @@ The defaults are the seeds' campaign (GLM-5 NVFP4 on 8x RTX PRO 6000 Blackwell),
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from agent.contracts import EngineOptions
 from agent.errors import PivotError
@@ -67,6 +68,18 @@ class SimOptions(TwinOptions):
     seed: int | None = Field(
         None, ge=0, le=2**31 - 1, description="The noise seed (the agent seeds each experiment on its own)."
     )
+    truth: str | None = Field(
+        None,
+        max_length=4096,
+        description="A truth file (tools/engines/sim/truth.py): measure the target as it has it, flags without "
+        "effect, flags that cost, the GPU unlike its profile; the predictor stays the stock twin.",
+    )
+
+    @field_validator("truth")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        """A session resumed from another folder reads the same file."""
+        return str(Path(value).expanduser().absolute()) if value else None
 
 
 def twin_defaults() -> dict[str, object]:

@@ -13,10 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from agent import models as m
 from agent.contracts import Prediction
 from agent.errors import PivotError
+
+if TYPE_CHECKING:
+    from tools.engines.sim.twin import Twin
 
 _CACHE: dict[tuple, tuple[m.BenchLevel | None, bool]] = {}  # by what the twin resolves
 _READINGS: dict[tuple, Prediction] = {}  # by command line: no second build of the same twin
@@ -35,10 +39,12 @@ class TwinPredictor:
     model_profile: str
     hardware: str
     gpus: int
+    truth: str | None = None  # a truth file (tools/engines/sim/truth.py): the twin as the target really behaves
 
     @property
     def name(self) -> str:
-        return f"the SGLang twin ({self.model_profile} on {self.gpus}x {self.hardware})"
+        told = f", as the truth {self.truth} has it" if self.truth else ""
+        return f"the SGLang twin ({self.model_profile} on {self.gpus}x {self.hardware}{told})"
 
     def predict(self, config: m.ServerConfig, spec: m.BenchSpec, level: int) -> Prediction:
         """`config` at `level` of `spec`, from the cache when it has it."""
@@ -46,6 +52,7 @@ class TwinPredictor:
             self.model_profile,
             self.hardware,
             self.gpus,
+            self.truth,
             str(config),
             tuple(config.env.items()) if config.env else (),
             spec.workload_key(),
@@ -58,10 +65,10 @@ class TwinPredictor:
 
     def _predict(self, config: m.ServerConfig, spec: m.BenchSpec, level: int) -> Prediction:
         from tools.engines.catalog import CatalogError
-        from tools.engines.sim.twin import Twin, TwinStartupError
+        from tools.engines.sim.twin import TwinStartupError
 
         try:
-            twin = Twin.build(self.model_profile, self.hardware, self.gpus, config)
+            twin = build_twin(self.model_profile, self.hardware, self.gpus, config, self.truth)
         except CatalogError as e:
             return Prediction(error=f"SGLang would refuse the flags: {e.message}")
         except TwinStartupError as e:  # SGLang would not start (out of memory, a bad layout): a predicted crash
@@ -89,6 +96,20 @@ class TwinPredictor:
             _CACHE[key] = (lv, crashed)
         lv, crashed = _CACHE[key]
         return Prediction(lv, crashed, None, tuple(twin.not_modelled), tuple(twin.no_effect))
+
+
+def build_twin(model_profile: str, hardware: str, gpus: int, config: m.ServerConfig, truth: str | None = None,
+               version: str = "0.5.23") -> Twin:  # fmt: skip
+    """The twin for `config`, or with `truth` (a truth file) the twin as that truth has the target behave: its flags
+    without effect dropped, its hardware changed and slowed by the flags' costs (tools/engines/sim/truth.py)."""
+    from tools.engines.sim.truth import load_truth
+    from tools.engines.sim.twin import Twin
+
+    if not truth:
+        return Twin.build(model_profile, hardware, gpus, config, version)
+    t = load_truth(truth)
+    read, scale = t.apply(config)
+    return Twin.build(model_profile, t.hardware_for(hardware, scale), gpus, read, version)
 
 
 def _stopped_by_a_signal() -> Callable[[], None]:

@@ -1,0 +1,268 @@
+"""The wrong-twin evaluation: pivot's campaign when the engine does not behave as the twin the search ranks by.
+
+The sim engine measures with a *truth* (`-o truth=FILE`, tools/engines/sim/truth.py) while its predictor, what the
+search ranks candidates by, stays the plan's own stock twin. (An engine's predictor follows its own options, so a
+harness that built the truth as a stock engine would hand the search the truth itself and measure nothing.) For
+every plan under benchmarks/search_plans/ (or --plans FILES) the truths are, as benchmarks/wrong_twin/ writes them:
+
+- s1: a flag without effect: the item the twin predicts gains most alone on the base configuration (of those whose
+  flags the base does not set) does nothing on the target;
+- s2: a flag the twin calls neutral costs 8%: the item predicted inside +-3% alone that gains most (the likeliest to
+  ride in a bundle) makes every step 1/0.92 as long when it is set;
+- s3: the hardware unlike its profile: host overhead per step x2, GEMM efficiency -30% at small row counts
+  (gemm_m_half / 0.7: eff ~ m / m_half for m well below it);
+- exact: no truth (the twin is right), the rows benchmarks/search_eval.py prints for the search.
+
+`--truth FILE...` runs those truth files instead. Each campaign runs as a user would run it (`pivot run PLAN
+--engine sim -o truth=FILE`, the autopilot, `continue` at every pivot), without noise (seed 0) and with --noise over
+--seeds seeds, and is scored against the exhaustive grid *of the truth* (every combination of the plan's items,
+measured noise-free with the truth; cached in benchmarks/wrong_twin_grid.json):
+
+    .venv/bin/python benchmarks/wrong_twin.py --jobs 2             # the table (about 10 minutes on 2 shared cores)
+    .venv/bin/python benchmarks/wrong_twin.py --seeds 3 --scenarios s1,s2
+
+The acceptance ([learn]): a ratio of at least 0.99 of the truth grid's best on every case, launches within 10% of
+the grid's size (15% under 100 points), 0 false adoptions, 0 false regressions, 0 aborts; the `ok` column says
+which row holds it (ratio and launches as means over the seeds, the rest over every campaign).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from search_eval import GRID, PLANS, _config, _items, campaign, grid, true_tok  # noqa: E402
+
+from agent import models as m  # noqa: E402
+from agent.plans import load_plan  # noqa: E402
+
+TRUTHS = ROOT / "benchmarks" / "wrong_twin"
+TRUTH_GRID = ROOT / "benchmarks" / "wrong_twin_grid.json"
+SCENARIOS = ("exact", "s1", "s2", "s3")
+NEUTRAL_PCT = 3.0  # an item predicted within this of no change alone is "neutral" to the twin (s2)
+COST_SCALE = 0.92  # s2: the neutral item costs 8%
+HOST_SCALE = 2.0  # s3: host overhead per step
+SMALL_ROWS_EFFICIENCY = 0.7  # s3: GEMM efficiency at small row counts
+
+
+def _flag_lines(it: m.PlanItem, **effect: object) -> list[str]:
+    out = []
+    flags = list(it.flags.flags) if it.flags is not None else []
+    for flag in flags if "no_effect" in effect else flags[:1]:
+        value = flag.value if isinstance(flag.value, str) or flag.value is None else " ".join(flag.value)
+        out += ["[[flags]]", f"flag = {json.dumps(flag.name)}"]
+        out += [f"value = {json.dumps(value)}"] if value is not None else []
+        out += [f"{k} = {json.dumps(v)}" for k, v in effect.items()] + [""]
+    return out
+
+
+def _alone(plan: m.Plan) -> dict[str, float]:
+    """Each flag item's predicted change alone on the base configuration (the stock twin, noise-free), in %."""
+    base = true_tok(plan, plan.target.base_config())
+    out = {}
+    for it in _items(plan):
+        if it.flags is None or it.remove_flags or it.power_limit_w is not None or not base:
+            continue
+        if any(f.name in plan.target.base_config() for f in it.flags.flags):
+            continue  # dropping the flag would bring back SGLang's default, not the base's value
+        out[it.id] = (true_tok(plan, it.apply(plan.target.base_config())) - base) / base * 100
+    return out
+
+
+def grid_of(plan_path: Path) -> dict:
+    """The plan's grid under the stock twin (benchmarks/search_grid.json, computed when it is not there)."""
+    name = load_plan(str(plan_path)).name
+    stock = json.loads(GRID.read_text()) if GRID.exists() else {}
+    return stock[name] if name in stock else grid(plan_path)
+
+
+def truth_texts(plan_path: Path) -> dict[str, str]:
+    """The generated truths of one plan (s1, s2, s3) as the text of their files; a scenario the plan cannot have
+    (no item fits it) is left out."""
+    plan = load_plan(str(plan_path))
+    alone = _alone(plan)
+    out: dict[str, str] = {}
+    if alone:
+        dead = max(alone, key=lambda i: (alone[i], i))
+        words = f"{plan.item(dead).title}: the twin predicts {alone[dead]:+.1f}% alone; on this target it has no effect"
+        out["s1"] = "\n".join(
+            [
+                f'name = "s1-{dead}"',
+                f"description = {json.dumps(words)}",
+                "",
+                *_flag_lines(plan.item(dead), no_effect=True),
+            ]
+        )
+    neutral = {i: v for i, v in alone.items() if abs(v) < NEUTRAL_PCT}
+    if neutral:
+        # the neutral item a search would most likely launch: one in the twin's best combination (the one it
+        # needs least there), else the one predicted to gain most alone
+        best = tuple(grid_of(plan_path)["best"].split("+")) if grid_of(plan_path)["best"] else ()
+        riders = [i for i in neutral if i in best]
+        if riders:
+            costly = max(riders, key=lambda i: (true_tok(plan, _config(plan, tuple(x for x in best if x != i))), i))
+        else:
+            costly = max(neutral, key=lambda i: (neutral[i], i))
+        words = (
+            f"{plan.item(costly).title}: the twin predicts {neutral[costly]:+.1f}% alone; on this target it costs "
+            f"{100 * (1 - COST_SCALE):.0f}%"
+        )
+        effect = _flag_lines(plan.item(costly), throughput_scale=COST_SCALE)
+        out["s2"] = "\n".join([f'name = "s2-{costly}"', f"description = {json.dumps(words)}", "", *effect])
+    out["s3"] = "\n".join([
+        'name = "s3-hardware"',
+        f'description = "host overhead per step x{HOST_SCALE:g}, GEMM efficiency -{100 * (1 - SMALL_ROWS_EFFICIENCY):.0f}% '
+        'at small row counts"',
+        "", "[hardware.scale]", f'"calibration.host_ms_per_step" = {HOST_SCALE}',
+        f'"calibration.gemm_m_half" = {1 / SMALL_ROWS_EFFICIENCY:.6f}', "",
+    ])  # fmt: skip
+    return out
+
+
+def write_truths(paths: list[Path], scenarios: list[str]) -> list[tuple[Path, str, str | None]]:
+    """(plan, scenario, truth file or None for exact) for every plan and scenario; the files under
+    benchmarks/wrong_twin/<plan>/ are written when their text changed."""
+    cases = []
+    for p in paths:
+        texts = truth_texts(p)
+        for sc in scenarios:
+            if sc == "exact":
+                cases.append((p, sc, None))
+            elif sc in texts:
+                f = TRUTHS / load_plan(str(p)).name / f"{sc}.toml"
+                f.parent.mkdir(parents=True, exist_ok=True)
+                if not f.exists() or f.read_text() != texts[sc]:
+                    f.write_text(texts[sc])
+                cases.append((p, sc, str(f)))
+            else:
+                print(f"{p.name}: no item fits {sc}: skipped", file=sys.stderr)
+    return cases
+
+
+def _grid_key(plan_path: Path, truth: str | None) -> str:
+    text = Path(truth).read_text() if truth else ""
+    return f"{load_plan(str(plan_path)).name}|{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+def _grid_job(args: tuple[Path, str | None]) -> tuple[str, dict]:
+    plan_path, truth = args
+    return _grid_key(plan_path, truth), grid(plan_path, truth)
+
+
+def grids(cases: list[tuple[Path, str, str | None]], jobs: int) -> dict[str, dict]:
+    """The truth grid of every case (the stock grid for exact), from the caches or computed and cached."""
+    stock = json.loads(GRID.read_text()) if GRID.exists() else {}
+    cached = json.loads(TRUTH_GRID.read_text()) if TRUTH_GRID.exists() else {}
+    out: dict[str, dict] = {}
+    missing = []
+    for p, _, truth in cases:
+        key = _grid_key(p, truth)
+        name = load_plan(str(p)).name
+        if truth is None and name in stock:
+            out[key] = stock[name]
+        elif key in cached:
+            out[key] = cached[key]
+        elif (p, truth) not in missing:
+            missing.append((p, truth))
+    if missing:
+        with ProcessPoolExecutor(max(1, jobs)) as pool:
+            for key, g in pool.map(_grid_job, missing):
+                out[key] = cached[key] = g
+                print(
+                    f"grid {key}: {g['size']} points, best {g['best'] or 'base'} {g['best_tok_s']:,.0f}",
+                    file=sys.stderr,
+                )
+        TRUTH_GRID.write_text(json.dumps(cached, indent=1, sort_keys=True) + "\n")
+    return out
+
+
+def launch_budget(size: int) -> float:
+    """The launches a campaign may take: 10% of the grid's size, 15% under 100 points."""
+    return size * (0.15 if size < 100 else 0.10)
+
+
+TABLE_HEADER = (
+    "| plan | truth | noise | campaigns | ratio to truth grid best: mean (min) | launches: mean (max) | budget "
+    "| aborts | false adoptions | false regressions | ok |"
+)
+
+
+def row(plan: str, scenario: str, noise: str, rs: list[dict], g: dict | None) -> str:
+    """One line of the table: the campaigns of one plan, truth and noise (g: their truth grid; None: several)."""
+    ratios = [r["ratio"] for r in rs]
+    launches = [r["launches"] for r in rs]
+    budget = launch_budget(g["size"]) if g is not None else None
+    bad = sum(r["aborted"] + r["false_adoptions"] + r["false_regressions"] for r in rs)
+    ok = statistics.mean(ratios) >= 0.99 and min(ratios) >= 0.99 and bad == 0
+    ok = ok and all(r["launches"] <= r["budget"] for r in rs) if budget is None else (
+        ok and statistics.mean(launches) <= budget)  # fmt: skip
+    return (
+        f"| {plan} | {scenario} | {noise} | {len(rs)} | {statistics.mean(ratios):.4f} ({min(ratios):.4f}) | "
+        f"{statistics.mean(launches):.1f} ({max(launches)}) | {f'{budget:.1f}' if budget is not None else '-'} | "
+        f"{sum(r['aborted'] for r in rs)} | {sum(r['false_adoptions'] for r in rs)} | "
+        f"{sum(r['false_regressions'] for r in rs)} | {'yes' if ok else 'NO'} |"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--plans", nargs="*", help="Plan files (default: benchmarks/search_plans/*.toml).")
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="Of exact, s1, s2, s3 (comma-separated).")
+    ap.add_argument("--truth", nargs="*", help="Truth files to run instead of the generated scenarios.")
+    ap.add_argument("--seeds", type=int, default=5, help="Seeds of the noisy campaigns.")
+    ap.add_argument("--noise", type=float, default=0.015)
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--json", dest="as_json", help="Also write every campaign's scores to this file.")
+    ap.add_argument("--steps", action="store_true", help="Print every campaign's experiments (stderr).")
+    opts = ap.parse_args()
+    paths = [Path(p) for p in opts.plans] if opts.plans else sorted(PLANS.glob("*.toml"))
+    if opts.truth:
+        cases = [(p, Path(t).stem, str(Path(t).absolute())) for p in paths for t in opts.truth]
+    else:
+        scenarios = [s.strip() for s in opts.scenarios.split(",") if s.strip()]
+        unknown = sorted(set(scenarios) - set(SCENARIOS))
+        if unknown:
+            ap.error(f"unknown scenarios {', '.join(unknown)} (of {', '.join(SCENARIOS)})")
+        cases = write_truths(paths, scenarios)
+    truth_grids = grids(cases, opts.jobs)
+    noises = ((0.0, [0]), (opts.noise, list(range(1, opts.seeds + 1))))
+    jobs = [(case, (str(case[0]), noise, seed, True, case[2])) for case in cases for noise, seeds in noises
+            for seed in seeds]  # fmt: skip
+    with ProcessPoolExecutor(max(1, opts.jobs)) as pool:
+        results = list(pool.map(campaign, [args for _, args in jobs]))
+    for (case, _), r in zip(jobs, results, strict=True):
+        g = truth_grids[_grid_key(case[0], case[2])]
+        r["scenario"] = case[1]
+        r["ratio"] = r["final_tok_s"] / g["best_tok_s"] if g["best_tok_s"] else 0.0
+        r["grid_size"], r["budget"], r["grid_best"] = g["size"], launch_budget(g["size"]), g["best"]
+        if opts.steps:
+            print(f"{r['plan']} {r['scenario']} noise {r['noise']:g} seed {r['seed']}: ratio {r['ratio']:.4f} "
+                  f"(grid best {g['best'] or 'base'})\n  " + "\n  ".join(r["steps"]), file=sys.stderr)  # fmt: skip
+    if opts.as_json:
+        Path(opts.as_json).write_text(json.dumps(results, indent=1) + "\n")
+    print(TABLE_HEADER)
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    groups: dict[tuple, list[dict]] = {}
+    for (case, _), r in zip(jobs, results, strict=True):
+        groups.setdefault((r["plan"], r["scenario"], r["noise"], _grid_key(case[0], case[2])), []).append(r)
+    for (plan, sc, noise, key), rs in groups.items():
+        print(row(plan, sc, f"{noise:g}", rs, truth_grids[key]))
+    for sc in dict.fromkeys(r["scenario"] for r in results):
+        print(row("all", sc, "both", [r for r in results if r["scenario"] == sc], None))
+    for r in results:
+        if r["aborted"]:
+            print(f"aborted: {r['plan']} {r['scenario']} noise {r['noise']:g} seed {r['seed']}: {r['outcome']}: "
+                  f"{r['error']}", file=sys.stderr)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
