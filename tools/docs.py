@@ -17,6 +17,7 @@ from agent.errors import PivotError
 from agent.session import Session
 from tools import reports, search
 from tools.experiments import REFUSAL_CLASS, audit_issues, proposed_config, unmeasurable_item
+from tools.lessons import learnt_lines
 from tools.method import Judgement, Method, Moves, not_measured_text, permitted
 from tools.numbering import number_of
 
@@ -361,8 +362,9 @@ def write_status_summary(ctx: RunContext[Session], question: str, options: list[
     new = latest_status_is_asked(session)  # a summary written for a pivot that was never asked is rewritten
     check_plan_quietly(session)
     try:
+        options = [o.strip() for o in options if o.strip()]
         doc = reports.write_status_summary(
-            session, question.strip(), [o.strip() for o in options if o.strip()], new=new, html=True
+            session, question.strip(), options, new=new, html=True, learnt=learnt_lines(session)
         )
     except PivotError as e:
         raise ModelRetry(f"{e.message}; {e.hint or ''}") from e

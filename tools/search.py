@@ -1,31 +1,32 @@
 """The search: the engine's predictor (the SGLang twin) as the campaign's surrogate model, and the steps it ranks.
 
 Before a launch is spent, candidates are predicted for the campaign's target on its workload at the judged level,
-and the prediction is corrected to this campaign's own measurements: the predictor's value of the session's
-objective (tools/method/objective.py: output tok/s by default; goodput, output tokens per joule or capacity under
-SLOs as the plan asks, so candidates are ranked by the predicted objective) is multiplied by the mean ratio measured / predicted of the
-experiments measured so far at that level (the baseline first, refreshed as experiments land), and the predicted
-change is taken against the predictor's own (corrected) reading of the best configuration: the best's measured
-mean was selected for being high, so a change predicted against it would come out low. Candidates are:
+and the prediction is corrected by what the campaign has measured (tools/learn.py): the predictor's value of the
+session's objective (tools/method/objective.py: output tok/s by default; goodput, tokens per joule or capacity
+under SLOs as the plan asks) times the learnt error common to every configuration on this target and the learnt
+error about each plan item the configuration holds, each with its uncertainty; the change is taken against the
+corrected reading of the best configuration (its measured mean was selected for being high). An item measured at
+no effect where the twin said +16% carries that into every later combination that holds it. Candidates are:
 
 - single items on top of the best configuration (undone items of the tiers the user has opened);
 - retests: an item that gave no gain (or lost) on an older best, predicted beyond the noise band on the new one
-  (at most RETESTS launches more per item);
+  (at most RETESTS launches of it alone; launches inside combined steps do not count), and the members of a
+  combined step that fell short of its prediction, never launched alone;
 - combined steps: pairs, and triples grown from the best pairs, of items that interact (at least one of them does
   not pay alone, and each adds at least MEMBER_MIN_PCT given the others), and the bundle of small gains that add up
   (items each predicted to add at least BUNDLE_MIN_PCT, grown one at a time), launched as ONE experiment naming every
   item it combines;
 - reverts: an adopted item taken back, when the best configuration rebuilt from its chain of adopted changes
-  without it is predicted beyond the noise band (a change adopted early that a later one turned into a brake; at
-  most REVERTS launches per item).
+  without it is predicted beyond the noise band (at most REVERTS launches per item);
+- leave-one-out probes of a combined step that fell short of its prediction (tools/probes.py).
 
 They are ranked by predicted gain; an item whose flags the twin does not model is ranked by the plan's expected
-impact instead (and says so). A candidate is launched only when its predicted gain beats the noise band; an item
-the corrected twin predicts inside the band (or at a loss) is recorded with the verdict `predicted`: not launched,
-the prediction in its reason, never called a measurement. An item whose flags are all no-ops in this engine
-version is ruled out before any launch. A configuration already measured is never launched again as a new
-experiment. Without a predictor (`Engine.predictor` is None: vLLM, a plugin's engine) nothing is predicted: items
-are measured in the order of the plan's expected impact, then in plan order.
+impact instead (and says so). A candidate is launched only when its predicted gain beats the noise band (a probe:
+when it would if the member it leaves out is the one the twin has wrong); an item predicted inside the band (or at
+a loss) is recorded with the verdict `predicted`: not launched, the prediction in its reason, never called a
+measurement. An item whose flags are all no-ops in this engine version is ruled out before any launch. A
+configuration already measured is never launched again as a new experiment. Without a predictor (vLLM, a plugin's
+engine) nothing is predicted: items are measured in the order of the plan's expected impact, then in plan order.
 
 Nothing here decides tiers, pivots or what is allowed: the search ranks inside the scope the method's moves give it
 (tools/method/moves.py), and the moves keep only what they allow.
@@ -41,9 +42,10 @@ from typing import Literal
 from agent import models as m
 from agent.contracts import Prediction, Predictor, load_engine
 from agent.errors import Interrupted, PivotError
-from tools import reports
+from tools import learn, reports
 from tools.method.answers import Decision
 from tools.method.reading import Method
+from tools.probes import _launched, fell_short, launchable, leave_one_out, own_launches, suspects
 
 MEMBER_MIN_PCT = 1.0  # each item of a combined step adds at least this much (predicted) given the others
 TRIPLE_SEEDS = 4  # the best pairs grow into triples
@@ -101,6 +103,7 @@ class Estimate:
     level: int | None = None
     note: str = ""  # the prediction in words
     reverts: tuple[str, ...] = ()
+    sd_pct: float | None = None  # the corrected change's standard deviation (what the campaign has not pinned down)
 
     @property
     def known(self) -> bool:
@@ -125,12 +128,9 @@ class Surrogate:
         jb = method.judge(self.best) if self.best is not None else None
         self.best_tok = jb.after_tok_s if jb is not None else None
         self.level = (jb.concurrency if jb is not None and jb.concurrency else None) or max(self.workload.concurrency)
-        self._ratio: tuple[float, int] | None = None
+        self._model: learn.CampaignModel | None = None
         self._estimates: dict[tuple[tuple[str, ...], tuple[str, ...]], Estimate] = {}
         self._readings: dict[str, tuple[Prediction, float | None]] = {}
-
-    def reading(self, config: m.ServerConfig) -> Prediction:
-        return self.predicted(config)[0]
 
     def predicted(self, config: m.ServerConfig) -> tuple[Prediction, float | None]:
         """The predictor's reading of `config` at the level and the objective's predicted value there (None when
@@ -142,23 +142,36 @@ class Surrogate:
             self._readings[key] = self.objective.predict(self.predictor, config, self.workload, self.level)
         return self._readings[key]
 
-    def ratio(self) -> tuple[float, int]:
-        """Measured / predicted objective at the level, averaged over the experiments measured there without
-        failures on the plan's workload (1.0 before any): the correction of the predictor to this campaign."""
-        if self._ratio is None:
-            key = self.workload.workload_key()
-            ratios = []
-            for e in self.method.experiments:
-                if e.workload.workload_key() != key or e.verdict in ("crashed", "ruled_out", "predicted"):
-                    continue
-                runs = self.method.ok_values(e).get(self.level)
-                if not runs or self.method.failed_levels(e):
-                    continue
-                _, predicted = self.predicted(e.config)
-                if predicted:
-                    ratios.append(sum(runs) / len(runs) / predicted)
-            self._ratio = (sum(ratios) / len(ratios), len(ratios)) if ratios else (1.0, 0)
-        return self._ratio
+    @property
+    def model(self) -> learn.CampaignModel:
+        """What the campaign's measurements taught the twin (tools/learn.py), for this reading of the ledger."""
+        if self._model is None:
+            ids = [it.id for it in self.method.plan.items if searchable(it)]
+            self._model = learn.CampaignModel(self.method, self.level, lambda c: self.predicted(c)[1], ids,
+                                              self.best_config)  # fmt: skip
+        return self._model
+
+    def belief(self, suspect: str | None = None) -> learn.Belief:
+        return self.model.belief(suspect)
+
+    def held(self, config: m.ServerConfig) -> frozenset[str]:
+        return self.model.held(config)
+
+    def corrected(
+        self, config: m.ServerConfig, v: float, b: float, suspect: str | None = None
+    ) -> tuple[float, float, float, float]:
+        return self.model.corrected(config, v, b, suspect)
+
+    def if_guilty(self, est: Estimate, suspect: str) -> float | None:
+        """The change `est` would make if `suspect` carried the whole error of a missed combined step (its
+        prior left open), else None when the twin has no reading."""
+        (_, v), (_, b) = self.predicted(est.config), self.predicted(self.best_config)
+        if not v or not b or v <= 0 or b <= 0:
+            return None
+        return self.corrected(est.config, v, b, suspect)[2]
+
+    def learnt(self, config: m.ServerConfig) -> str:
+        return self.model.learnt(config)
 
     def config_for(self, items: tuple[str, ...], reverts: tuple[str, ...] = ()) -> m.ServerConfig:
         """The best configuration (rebuilt from its chain without `reverts`) with `items` applied in order."""
@@ -178,11 +191,12 @@ class Surrogate:
             out.source, out.crash = "twin", True
             out.note = f"the twin predicts the server crashes under load at concurrency {self.level}"
         elif v is not None and b is not None and b > 0:
-            ratio, _ = self.ratio()
-            tok = v * ratio
-            ref = b * ratio  # the twin's own reading of the best: its errors and the noise of a measurement cancel
-            out.source, out.tok_s, out.change_pct = "twin", tok, (tok - ref) / ref * 100
-            out.note = f"the twin predicts {self.objective.number(tok)} {self.objective.at(self.level)} ({_pct(out.change_pct)})"
+            tok, _, change, sd = self.corrected(config, v, b) if v > 0 else (0.0, b, -100.0, 0.0)
+            out.source, out.tok_s, out.change_pct, out.sd_pct = "twin", tok, change, sd
+            out.note = (
+                f"the twin predicts {self.objective.number(tok)} {self.objective.at(self.level)} ({_pct(change)})"
+                + self.learnt(config)
+            )
         return out
 
     def estimate(self, items: tuple[str, ...], reverts: tuple[str, ...] = ()) -> Estimate:
@@ -244,13 +258,15 @@ class Surrogate:
             )
         elif v is None or b is None or b <= 0:
             est.note = f"no prediction: {mine.error or base.error or 'the twin has no reading'}"
+        elif v <= 0:  # nothing of the objective at this level (goodput: no request meets the SLOs)
+            est.source, est.tok_s, est.change_pct, est.sd_pct = "twin", 0.0, -100.0, 0.0
+            est.note = f"the twin predicts {self.objective.number(0.0)} {self.objective.at(self.level)} (-100%)"
         else:
-            ratio, n = self.ratio()
-            tok = v * ratio
-            ref = b * ratio  # the twin's own reading of the best: its errors and the noise of a measurement cancel
-            est.source, est.tok_s, est.change_pct = "twin", tok, (tok - ref) / ref * 100
+            tok, ref, change, sd = self.corrected(est.config, v, b)
+            est.source, est.tok_s, est.change_pct, est.sd_pct = "twin", tok, change, sd
+            n = len(self.belief().observations)
             corrected = (
-                f"corrected x{ratio:.3f} (measured / predicted over {n} experiment{'s' if n != 1 else ''})"
+                f"corrected by {n} measured experiment{'s' if n != 1 else ''} at this level{self.learnt(est.config)}"
                 if n
                 else "uncorrected: nothing measured yet at this level"
             )
@@ -279,6 +295,8 @@ class Candidate:
     alone: dict[str, float | None] = field(default_factory=dict)  # each item's own predicted change
     why: str = ""
     reverts: tuple[str, ...] = ()
+    probe: float | None = None  # a leave-one-out of a combined step that missed: its gain if the member left out
+    # carries the whole miss (launched when that beats the noise band: the measurement tells whether it does)
 
     @property
     def gain(self) -> float:
@@ -313,18 +331,19 @@ def noop_reason(issues: list[m.FlagIssue], item: m.PlanItem) -> str | None:
     return f"no launch: the engine accepts {', '.join(names)} but reads {'it' if len(names) == 1 else 'them'} nowhere (no-op; {what})"
 
 
-def _launched(method: Method, e: m.Experiment) -> bool:
-    return e.kind == "change" and (method.run_count(e) > 0 or e.verdict == "crashed")
-
-
 def launches(method: Method, item_id: str) -> int:
     """Experiments that launched (measured or crashed) with the item in them."""
     return sum(1 for e in method.experiments if item_id in e.plan_items and _launched(method, e))
 
 
 def revert_launches(method: Method, item_id: str) -> int:
-    """Experiments that launched taking the item back."""
-    return sum(1 for e in method.experiments if item_id in e.reverts and _launched(method, e))
+    """Experiments that launched taking the item back; a revert launched together with items, in a step that fell
+    short of its prediction, does not count (the step's own items may be what the twin had wrong)."""
+    return sum(
+        1
+        for e in method.experiments
+        if item_id in e.reverts and _launched(method, e) and not (e.plan_items and fell_short(method, e))
+    )
 
 
 def measured(method: Method, config: m.ServerConfig, workload: m.BenchSpec | None = None) -> m.Experiment | None:
@@ -340,6 +359,7 @@ def pool(method: Method, d: Decision) -> tuple[list[m.PlanItem], list[m.PlanItem
     """(undone items, items worth predicting again) of the opened tiers that the search ranks."""
     best = method.best()
     fresh, again = [], []
+    unresolved = suspects(method) if method.settings.search else set()
     for item in method.plan.items:
         if item.tier not in d.released or not searchable(item):
             continue
@@ -350,9 +370,11 @@ def pool(method: Method, d: Decision) -> tuple[list[m.PlanItem], list[m.PlanItem
         if last.verdict == "predicted":  # never launched: it stays a candidate (alone or in a combination)
             again.append(item)
             continue
-        if last.verdict not in RETEST_VERDICTS or best is None or last.base_experiment_id == best.id:
+        if last.verdict not in RETEST_VERDICTS or best is None:
             continue
-        if launches(method, item.id) > RETESTS:
+        if last.base_experiment_id == best.id and item.id not in unresolved:
+            continue
+        if own_launches(method, item.id) > RETESTS:  # retests by evidence: launches inside bundles do not count
             continue
         if item.apply(method.best_config()) == method.best_config():
             continue
@@ -482,6 +504,13 @@ def candidates(method: Method, d: Decision, surrogate: Surrogate | None = None) 
             out.append(c)
     out += _reverts(method, sur)
     out += _swaps(method, sur, sorted(out, key=lambda c: -c.gain))
+    by_gain = sorted(modelled, key=lambda i: -(alone[i].change_pct or 0))
+    for probe in leave_one_out(method, sur, by_gain):
+        same = next((c for c in out if (c.items, c.reverts) == (probe.items, probe.reverts)), None)
+        if same is None:
+            out.append(probe)
+        else:
+            same.probe, same.why = probe.probe, probe.why
     out = [c for c in out if measured(method, c.estimate.config) is None]
     out.sort(key=lambda c: (-c.gain, len(c.items) + len(c.reverts), c.items, c.reverts))
     return out
@@ -526,6 +555,8 @@ def ranked_steps(method: Method, d: Decision, validate) -> list[Step]:
     the engine's audit. Empty with the search off."""
     if not method.settings.search:
         return []
+    from tools.method.moves import promising  # the method's rule (moves imports this module)
+
     fresh, _ = pool(method, d)
     out: list[Step] = []
     for item in fresh:
@@ -541,12 +572,10 @@ def ranked_steps(method: Method, d: Decision, validate) -> list[Step]:
     sur = Surrogate(method)
     band = method.band_pct()
     ranked = candidates(method, d, sur)
-    out += [
-        Step("launch", c.items, c.why, c, c.reverts) for c in ranked if c.gain >= band and c.estimate.source == "twin"
-    ]
+    out += [Step("launch", c.items, c.why, c, c.reverts) for c in ranked if launchable(c, band)]
     for item in fresh:
         est = sur.estimate((item.id,))
-        if est.crash and _promising(method, item) and measured(method, est.config) is None:
+        if est.crash and promising(method, item) and measured(method, est.config) is None:
             c = Candidate(
                 (item.id,),
                 est,
@@ -626,15 +655,6 @@ def independent(method: Method, steps: list[Step], limit: int) -> list[Step]:
 def next_steps(method: Method, d: Decision, validate, limit: int) -> list[Step]:
     """The search's next step and the launches beside it that do not depend on its outcome (see `independent`)."""
     return independent(method, ranked_steps(method, d, validate), limit)
-
-
-def _promising(method: Method, item: m.PlanItem) -> bool:
-    exp = reports.parse_expectation(item.expected_impact)
-    return (
-        exp is not None
-        and exp.speaks_for(method.plan.objective.kind)
-        and exp.gain_pct >= 2.0 * method.settings.min_gain_pct
-    )
 
 
 def record_fields(

@@ -84,6 +84,7 @@ def _notices(ref: SessionRef) -> None:
 @click.option("--question", help="The question to end on (default: the open pivot's, else one from the next steps).")
 @click.option("--option", "options", multiple=True, help="An answer to offer; repeat for several.")
 @click.option("--json", "as_json", is_flag=True, help="Print path, HTML path, notices and text as JSON on stdout.")
+@click.option("--fit", is_flag=True, help="Fit the twin's target parameters to the measurements (seconds).")
 @click.pass_context
 def summary(
     ctx: click.Context,
@@ -93,6 +94,7 @@ def summary(
     question: str | None,
     options: tuple[str, ...],
     as_json: bool,
+    fit: bool,
 ) -> None:
     """Rebuild the latest status summary of SESSION from the ledger and print its path and text.
 
@@ -106,7 +108,11 @@ def summary(
             _refuse_rewording(ref)
         _analyse(ref)
         write_improvement_docs(ref)
-        doc = write_status_summary(ref, question, list(options) or None, new=new, html=html)
+        from tools.lessons import learnt_lines
+
+        doc = write_status_summary(
+            ref, question, list(options) or None, new=new, html=html, learnt=learnt_lines(ref, fit=fit)
+        )
     path = home.paths.home / doc.path
     html_path = path.with_suffix(".html") if html else None
     if html_path is not None and not html_path.exists():  # the .md went beside an edited file

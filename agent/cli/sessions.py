@@ -10,6 +10,7 @@ import click
 from agent import models as m
 from agent.cli.base import Home, _when, cli, pass_home
 from agent.console import dump, make_table, out, print_json
+from agent.errors import PivotError
 from agent.store import Store
 
 
@@ -62,8 +63,13 @@ def unlock(home: Home, session_ref: str, force: bool) -> None:
 @cli.command()
 @click.argument("session_ref", metavar="SESSION")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.option(
+    "--fit",
+    is_flag=True,
+    help="With --json: fit the twin's target parameters to the measurements (seconds of simulation).",
+)
 @pass_home
-def show(home: Home, session_ref: str, as_json: bool) -> None:
+def show(home: Home, session_ref: str, as_json: bool, fit: bool) -> None:
     """Show a session: its todos, experiments with verdicts, and pivots."""
     from tools.reports import Ledger
 
@@ -73,7 +79,7 @@ def show(home: Home, session_ref: str, as_json: bool) -> None:
     change = _change_of(session, experiments)
     ledger = Ledger.read(store, session.id)
     if as_json:
-        print_json(_show_json(store, session, experiments, change, ledger))
+        print_json(_show_json(store, session, experiments, change, ledger, fit))
         return
     _print_head(store, session)
     _print_todos(store.todos(session.id))
@@ -105,6 +111,7 @@ def _show_json(
     experiments: list[m.Experiment],
     change: Callable[[m.Experiment], str],
     ledger: Any,
+    fit: bool = False,
 ) -> dict[str, Any]:
     """`pivot show --json`: the session and everything recorded under it."""
 
@@ -132,7 +139,25 @@ def _show_json(
         "plan_changes": [dump(c) for c in store.plan_changes(session.id)],
         "documents": [dump(d) for d in store.documents(session.id)],
         "usage": [dump(u) for u in store.usage(session.id)],
+        "twin_lessons": _lessons_json(store, session, fit),
     }
+
+
+def _lessons_json(store: Store, session: m.Session, fit: bool) -> dict[str, Any] | None:
+    """What the campaign concluded about the twin (tools/lessons.py), with its fitted target parameters when `fit`
+    (tools/fit.py); None without a twin or a measurement."""
+    from tools.lessons import fitted, lessons
+    from tools.method.reading import Method
+
+    try:
+        method = Method.read(store, session.id)
+        found = lessons(method)
+        target = fitted(method) if fit and found is not None else None
+    except PivotError as e:
+        return {"error": e.message}
+    if found is None:
+        return None
+    return {**found.as_json(), "fit": target.as_json() if target is not None else None}
 
 
 def _print_head(store: Store, session: m.Session) -> None:

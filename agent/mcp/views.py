@@ -189,6 +189,7 @@ def write_summary(
     html: bool,
 ) -> SummaryWritten:
     from tools import analysis
+    from tools.lessons import learnt_lines
     from tools.reports import SessionRef, write_improvement_docs, write_status_summary
 
     record = store.get_session(session_ref)
@@ -199,7 +200,7 @@ def write_summary(
     except PivotError as e:
         ref.notices.append(f"analysis skipped: {e.message}")
     write_improvement_docs(ref)
-    doc = write_status_summary(ref, question, options or None, new=new, html=html)
+    doc = write_status_summary(ref, question, options or None, new=new, html=html, learnt=learnt_lines(ref))
     path = paths.home / doc.path
     html_path = path.with_suffix(".html") if html and path.with_suffix(".html").exists() else None
     return SummaryWritten(

@@ -20,6 +20,9 @@ read the ledger through this one module, so an LLM and the built-in policy are h
   band on one run is rerun to confirm it, unless the session's `search` setting is off: the old greedy path); a gain
   inside the band is rerun (up to `reruns` times) and then called no gain; a loss beyond the band is a regression;
   failed requests are a crash;
+- a surprise is confirmed before its verdict: with the search on, a measured change that differs from the prediction
+  made before its launch by more than the band (the twin is wrong about it, or the runs were unlucky) is rerun
+  until it has SURPRISE_RUNS runs before it is adopted or called a regression;
 - a change whose changed flags the engine does not model (a simulated engine: `Experiment.not_modelled`) is not
   measured, whatever numbers the engine gave: its effect is not in them.
 
@@ -43,6 +46,7 @@ from agent.errors import PivotError
 from agent.store import Store
 from tools.method.objective import Objective, noise_pct, objective_for
 
+SURPRISE_RUNS = 3  # runs before a change that contradicts its prediction is judged (see the module docstring)
 TWIN_MIN_PCT = 0.5  # the twin's own error on a change is never taken below this, whatever its record
 TWIN_RECORD = ("adopted", "no_gain", "regressed", "superseded")  # verdicts whose measured change is the twin's record
 REFUSED_FAILURES = ("unrecognized-argument", "ambiguous-argument", "argument-validation")
@@ -410,10 +414,29 @@ class Method:
             f"{of}; run-to-run noise {sd:.1f}%): {judged:+.1f}%"
         )
 
-    def _suggest(self, change: float, band: float, runs: int, moved: bool) -> Suggestion:
+    def _surprise(self, e: m.Experiment, change: float, band: float) -> bool:
+        """Whether the measured change differs from the prediction made before the launch by more than the band
+        (with the search on; a change of flags the engine does not model has no prediction to contradict)."""
+        p = e.predicted_change_pct
+        return self.settings.search and p is not None and not e.not_modelled and abs(change - p) > band
+
+    def _verdict_clause(self, e: m.Experiment, suggestion: Suggestion, surprise: bool, change: float, judged: float,
+                        band: float, noise: float | None) -> str:  # fmt: skip
+        """How the change stands against the band, or, for a surprise rerun, against its prediction, in words."""
+        if not (surprise and suggestion == "rerun" and (judged >= band or judged <= -band)):
+            return self._band_clause(suggestion, judged, band, noise)
+        p = e.predicted_change_pct or 0.0
+        return (
+            f", beyond the {band:.1f}% noise band, but {change - p:+.1f} points off the {p:+.1f}% predicted before "
+            "the launch (more than the band): one more run before the verdict"
+        )
+
+    def _suggest(self, change: float, band: float, runs: int, moved: bool, surprise: bool = False) -> Suggestion:
         """The verdict a change of `change` % on `runs` runs suggests, by the rules in the module docstring."""
         if change >= band and change > 0 and moved:
             return "superseded"  # a change tested beside it gained more and became the best
+        if surprise and runs < SURPRISE_RUNS and ((change >= band and change > 0) or change <= -band):
+            return "rerun"  # the measurement contradicts the prediction: one more run before the verdict
         if change >= band and change > 0 and self.settings.search and runs < 2:
             return "rerun"  # one lucky run never becomes the bar: a second run confirms it
         if change >= band and change > 0:
@@ -499,7 +522,8 @@ class Method:
         moved = (  # another change was adopted since e was launched on its base (an executor ran them side by side)
             best is not None and e.base_experiment_id is not None and best.id not in (e.id, e.base_experiment_id)
         )
-        suggestion = self._suggest(judged, band, len(runs), moved)
+        surprise = self._surprise(e, change, band)
+        suggestion = self._suggest(judged, band, len(runs), moved, surprise)
         n = self.objective.number
         measured = f"{n(a)}" if len(runs) == 1 else f"{n(a)}, mean of {len(runs)} runs: {', '.join(n(v) for v in runs)}"
         text = (
@@ -508,7 +532,7 @@ class Method:
                 f"{self.number(e.base_experiment_id)} -> {e.number})"
             )
             + combined
-            + self._band_clause(suggestion, judged, band, noise)
+            + self._verdict_clause(e, suggestion, surprise, change, judged, band, noise)
         )
         if suggestion == "superseded" and best is not None:
             bv = self.ok_values(best).get(c) or []

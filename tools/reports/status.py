@@ -163,14 +163,16 @@ def _runs_note(ledger: Ledger, e: m.Experiment) -> str:
     return f", mean of {n} runs" if n > 1 else ""
 
 
-def render_status(ledger: Ledger, number: int, question: str | None, options: Sequence[str] | None) -> Summary:
-    """The markdown of status summary `number` (and the data of its charts)."""
+def render_status(ledger: Ledger, number: int, question: str | None, options: Sequence[str] | None,
+                  learnt: Sequence[str] | None = None) -> Summary:  # fmt: skip
+    """The markdown of status summary `number` (and the data of its charts); `learnt`: see write_status_summary."""
     used: set[int] = set()
     tried = [e for e in ledger.experiments if e.kind != "prior"]
     out = [f"# Status {number:03d}: {ledger.plan.title}", ""]
     out += _intro(ledger)
     out += ["## Best results", "", *_best_results(ledger, used)]
     out += ["## What was tried", "", *_what_was_tried(ledger, tried, used)]
+    out += ["**What the measurements taught the twin.**", "", *learnt, ""] if learnt else []
     out += ["## Ruled out", "", *_ruled_out(ledger, tried)]
     out += ["## Root cause", "", *_root_cause(ledger, used)]
     if ledger.investigations:
@@ -647,14 +649,16 @@ def write_status_summary(
     *,
     new: bool = False,
     html: bool = False,
+    learnt: Sequence[str] | None = None,
 ) -> m.Document:
     """Write status summary `status-NNN.md`: with `new`, the next number (a pivot point), else the latest is
     rebuilt (001 when there is none). The question defaults to the open pivot's, else one built from the next
-    steps. With `html`, also `status-NNN.html` and its charts. Returns the markdown's ledger record."""
+    steps. With `html`, also `status-NNN.html` and its charts. `learnt`: what the campaign concluded about the twin
+    (tools/lessons.py: learnt_lines), in lines. Returns the markdown's ledger record."""
     ledger = Ledger.read(session.store, session.id)
     latest = _latest_status(ledger)
     number = latest + 1 if (new or latest == 0) else latest
-    summary = render_status(ledger, number, question, options)
+    summary = render_status(ledger, number, question, options, learnt)
     problems = check_document(summary.markdown, STATUS_HEADINGS)
     if problems:
         raise PivotError(f"status summary {number:03d} is malformed: {'; '.join(problems)}")

@@ -1,0 +1,132 @@
+"""The search with what the campaign learnt (tools/learn.py, tools/search.py): a combined step that falls short of
+its prediction is taken apart (leave-one-out probes), its members' retests are not spent by the bundle, and a
+surprise is confirmed before its verdict.
+
+The twin is tests/test_search.py's small function of the flags; the "truth" the runs measure differs from it in
+structure (one item costs where the twin says it gains)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from agent import models as m
+from tests.test_search import FakePredictor, add, baseline, fake_tok, make_plan, measure, session_for, validate
+from tools import probes, search
+from tools.method import Method, decision
+from tools.method.compute import _step_config
+
+
+@pytest.fixture
+def fake_twin(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(search, "predictor_for", lambda method: FakePredictor())
+
+
+def costs(flag: str, scale: float) -> Callable[[m.ServerConfig], float]:
+    """The truth: the twin's number, times `scale` when the configuration holds `flag`."""
+    return lambda config: fake_tok(config) * (scale if flag in str(config) else 1.0)
+
+
+def drive(store, s, truth: Callable[[m.ServerConfig], float], launches: int = 8) -> list[m.Experiment]:
+    """The search's launches, each measured by `truth` (rerun while its judgement asks) and given its verdict,
+    until the search proposes no launch; the experiments launched, in order (why the search took each: `WHY`)."""
+    out = []
+    WHY.clear()
+    for _ in range(launches):
+        method = Method.read(store, s.id)
+        step = search.next_step(method, decision(method), validate)
+        if step is None or step.action != "launch":
+            break
+        config = _step_config(method, step)
+        fields = search.record_fields(method, list(step.items), config=config, reverts=list(step.reverts))
+        best = method.best()
+        e = store.add_experiment(
+            s.id,
+            m.Experiment(
+                plan_items=list(step.items), reverts=list(step.reverts), kind="change", config=config,
+                base_experiment_id=best.id if best else None, workload=s.plan.workload, **fields,
+            ),
+        )  # fmt: skip
+        e = measure(store, s, e, truth(config))
+        while (j := Method.read(store, s.id).judge(e)).suggestion == "rerun":
+            e = measure(store, s, e, truth(config))
+        e = store.update_experiment(e.model_copy(update={"verdict": j.suggestion, "reason": j.text}))
+        out.append(e)
+        WHY.append(step.reason)
+    return out
+
+
+WHY: list[str] = []
+
+
+def test_a_harmful_member_of_an_adopted_bundle_is_found_by_leave_one_out(store, paths, fake_twin) -> None:
+    """01+02+03 is predicted +18.4% (03 adds +2.1%); on the target 03 costs 8%: the triple measures +9% and is
+    adopted, then the member the twin has wrong is taken back in one probe, and the best is the truth's best."""
+    s = session_for(store, paths, make_plan(["01", "02", "03"]))
+    baseline(store, s)
+    truth = costs("--schedule-conservativeness 0.5", 0.92)
+    launched = drive(store, s, truth)
+    assert launched[0].plan_items == ["01", "02", "03"] and launched[0].verdict == "adopted"
+    probe = launched[1]
+    assert probe.reverts == ["03"] and probe.verdict == "adopted"
+    assert WHY[1].startswith(f"leave-one-out of experiment {launched[0].number}") and "if 03 is what" in WHY[1]
+    method = Method.read(store, s.id)
+    assert set(method.active_items()) == {"01", "02"}
+    assert truth(method.best_config()) == pytest.approx(1160.0)
+    assert len(launched) == 2  # the triple and one probe: nothing else is worth a launch
+
+
+def test_a_bundle_that_falls_short_is_taken_apart_and_its_members_may_be_retested(store, paths, fake_twin) -> None:
+    """01+02+03 falls short and is not adopted (03 costs 25%): the probes leave one member out each, the one without
+    03 pays and is adopted; no probe is spent once the bundle's member is found."""
+    s = session_for(store, paths, make_plan(["01", "02", "03"]))
+    baseline(store, s)
+    truth = costs("--schedule-conservativeness 0.5", 0.75)
+    launched = drive(store, s, truth)
+    first = launched[0]
+    assert first.plan_items == ["01", "02", "03"] and first.verdict in ("no_gain", "regressed")
+    method = Method.read(store, s.id)
+    assert [e.number for e, _, _ in probes.missed(method)] == [first.number]
+    found = next(e for e in launched[1:] if e.verdict == "adopted")
+    assert set(found.plan_items) == {"01", "02"}
+    assert len(launched) <= 1 + 3  # at most as many probes as the bundle has members
+    assert truth(method.best_config()) == pytest.approx(1160.0)
+
+
+def test_members_of_a_bundle_that_fell_short_are_not_spent_and_are_suspects(store, paths, fake_twin) -> None:
+    s = session_for(store, paths, make_plan(["01", "02", "03"]))
+    base = baseline(store, s)
+    method = Method.read(store, s.id)
+    config = _step_config(method, search.Step("launch", ("01", "02", "03"), ""))
+    fields = search.record_fields(method, ["01", "02", "03"], config=config)
+    e = add(store, s, ["01", "02", "03"], config, base, **fields)
+    e = measure(store, s, e, 1000.0, 1000.0)
+    store.update_experiment(e.model_copy(update={"verdict": "no_gain"}))
+    method = Method.read(store, s.id)
+    assert probes.suspects(method) == {"01", "02", "03"}
+    assert probes.own_launches(method, "03") == 0 and search.launches(method, "03") == 1
+    fresh, again = search.pool(method, decision(method))
+    assert {it.id for it in again} == {"01", "02", "03"} and not fresh
+
+
+def test_a_surprise_is_rerun_before_its_verdict(store, paths, fake_twin) -> None:
+    """A change predicted +16% that measures -8% is called a regression on its third run, not before."""
+    s = session_for(store, paths, make_plan(["01", "02"]))
+    base = baseline(store, s)
+    method = Method.read(store, s.id)
+    config = _step_config(method, search.Step("launch", ("01", "02"), ""))
+    fields = search.record_fields(method, ["01", "02"], config=config)
+    assert fields["predicted_change_pct"] == pytest.approx(16.0, abs=0.1)
+    e = measure(store, s, add(store, s, ["01", "02"], config, base, **fields), 920.0)
+    j = Method.read(store, s.id).judge(e)
+    assert j.suggestion == "rerun" and "one more run before the verdict" in j.text
+    e = measure(store, s, e, 925.0)
+    assert Method.read(store, s.id).judge(e).suggestion == "rerun"  # SURPRISE_RUNS: three runs before the verdict
+    e = measure(store, s, e, 918.0)
+    assert Method.read(store, s.id).judge(e).suggestion == "regressed"
+    # the same with the search off (the greedy path): judged on the one run
+    s2 = session_for(store, paths, make_plan(["01", "02"]), search=False)
+    base2 = baseline(store, s2)
+    e2 = measure(store, s2, add(store, s2, ["01", "02"], config, base2, **fields), 920.0)
+    assert Method.read(store, s2.id).judge(e2).suggestion == "regressed"
