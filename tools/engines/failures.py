@@ -1,8 +1,12 @@
 """Why a server failed, from its log: tables of regular expressions over the log's tail.
 
 The classes are the ones pivot records as an experiment's `failure`: oom, cuda-error, nccl-error,
-unrecognized-argument, ambiguous-argument, argument-validation, compile-failure, port-in-use, model-not-found,
-engine-not-installed (the launch command cannot find the engine), and unknown when no rule matches. The rules here
+unrecognized-argument, ambiguous-argument, invalid-choice (argparse's: a value not among a flag's choices),
+argument-validation, unsupported-hardware (the engine says this host cannot run what was asked: "FP8 KV cache on CPU
+requires x86 with AVX-512 or AMX"), compile-failure, port-in-use, model-not-found, engine-not-installed (the launch
+command cannot find the engine), and unknown when no rule matches. The line a diagnosis gives is the one that says
+why: the matched line, else the first exception the log raised (the line that ends its first Python traceback), never
+merely the last line (a warning printed at exit says nothing of the cause). The rules here
 are the ones every engine shares (argparse's, PyTorch's, CUDA's, NCCL's, Hugging Face's words); each engine owns
 its list (`failure_rules`: SGLang's in tools/engines/sglang.py, vLLM's in tools/engines/vllm.py), which puts these
 in order with its own, and `Engine.diagnose` applies it.
@@ -42,6 +46,7 @@ class FailureRule:
 ARGPARSE_RULES: tuple[FailureRule, ...] = (
     FailureRule("unrecognized-argument", _rx(r": error: unrecognized arguments?:")),
     FailureRule("ambiguous-argument", _rx(r": error: ambiguous option:")),
+    FailureRule("invalid-choice", _rx(r": error: argument \S+: invalid choice:")),
     FailureRule(
         "argument-validation",
         _rx(r": error: (argument \S+|the following arguments are required|invalid choice|expected one argument)"),
@@ -54,6 +59,19 @@ PIVOT_RULE = FailureRule(PIVOT_FAILURE, _rx(r"^error: "), needs=re.compile(r"^hi
 PORT_RULE = FailureRule("port-in-use", _rx(r"address already in use|\[errno 98\]|\bEADDRINUSE\b"))
 # PyTorch's, CUDA's, NCCL's, compilers' and Hugging Face's words, whichever engine runs them
 RUNTIME_RULES: tuple[FailureRule, ...] = (
+    FailureRule(
+        "unsupported-hardware",
+        _rx(
+            r"\b(NotImplementedError|RuntimeError|ValueError|AssertionError|TypeError)\b.*("
+            r"\brequires? (an? )?(x86|AVX|AMX|ARM|NEON|GPU|CUDA|ROCm|compute capability|sm_?\d+|Hopper|Ampere|Ada|"
+            r"Blackwell|Turing|Volta|H100|H200|B200|SM ?\d+)|"
+            r"\bnot (yet )?(supported|implemented|available) (on|for) (this |the current |your )?"
+            r"(CPU|GPU|platform|hardware|device|ROCm|XPU|TPU|HPU|architecture|backend)|"
+            r"\bonly (be )?(supported|available) on\b|"
+            r"\bunsupported (platform|device|hardware|GPU|architecture|compute capability)|"
+            r"\bis not supported (on|by) (this|the current|your) (platform|device|hardware|GPU|CPU|machine))"
+        ),
+    ),
     FailureRule(
         "oom",
         _rx(
@@ -134,7 +152,40 @@ def diagnose(lines: str | Sequence[str], rules: Sequence[FailureRule] = COMMON_R
                     return Diagnosis(rule.failure, line)
                 line = _MODULE_PREFIX.sub("", _LOG_PREFIX.sub("", line))  # the detail needs the room
                 return Diagnosis(rule.failure, f"{line}: {after.strip()}")
-    return Diagnosis(UNKNOWN)
+    return Diagnosis(UNKNOWN, first_exception(clean))
+
+
+# An exception as Python prints it at the end of a traceback: `NotImplementedError: FP8 KV cache ...`,
+# `pydantic_core._pydantic_core.ValidationError: 1 validation error ...`, `torch.OutOfMemoryError`, `SystemExit: 1`
+_EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure))(?::\s.*|:?$)")
+_WARNING = re.compile(r"Warning\b|warnings\.warn\(")
+# a prefix engines print before a line: vLLM's `(EngineCore_DP0 pid=123) ` and `ERROR 12-04 10:00:00 [core.py:7] `,
+# SGLang's `[2026-12-04 10:00:00 TP0] `
+_ENGINE_PREFIX = re.compile(
+    r"^(?:\(\w+ pid=\d+\)\s*)?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d [\d:.]+ \[[^\]]*\]\s*)?"
+)
+
+
+def _bare(line: str) -> str:
+    return _ENGINE_PREFIX.sub("", _LOG_PREFIX.sub("", ANSI.sub("", line))).rstrip()
+
+
+def first_exception(lines: str | Sequence[str]) -> str | None:
+    """The first exception a log raised: the line that ends its first Python traceback (in a chain, the first is the
+    cause: "During handling of the above exception, another exception occurred"), else the first line that reads
+    as an exception; None when there is none. Warnings (`UserWarning: ...`, `warnings.warn(...)`) are not
+    exceptions. The line is given without the engine's log prefix."""
+    if isinstance(lines, str):
+        lines = lines.splitlines()
+    bare = [_bare(line) for line in lines]
+    in_traceback = False
+    for line in bare:
+        if line.endswith("Traceback (most recent call last):"):
+            in_traceback = True
+            continue
+        if in_traceback and line and not line[0].isspace() and _EXCEPTION.match(line) and not _WARNING.search(line):
+            return line.strip()
+    return next((x.strip() for x in bare if _EXCEPTION.match(x) and not _WARNING.search(x)), None)
 
 
 def classify_failure(lines: str | Sequence[str], rules: Sequence[FailureRule] = COMMON_RULES) -> str:

@@ -33,6 +33,7 @@ from this reading, and the guard, the autopilot and the search all read that.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -49,7 +50,26 @@ from tools.method.objective import Objective, noise_pct, objective_for
 SURPRISE_RUNS = 3  # runs before a change that contradicts its prediction is judged (see the module docstring)
 TWIN_MIN_PCT = 0.5  # the twin's own error on a change is never taken below this, whatever its record
 TWIN_RECORD = ("adopted", "no_gain", "regressed", "superseded")  # verdicts whose measured change is the twin's record
-REFUSED_FAILURES = ("unrecognized-argument", "ambiguous-argument", "argument-validation")
+REFUSED_FAILURES = (
+    "unrecognized-argument",
+    "ambiguous-argument",
+    "invalid-choice",
+    "argument-validation",
+    "unsupported-hardware",
+)
+# the words a launch failure was recorded with (tools/engines/process.py): "vllm exited while starting (exit code 1):
+# argument-validation (Value error, ...)"; the engine's own sentence is the part in brackets at the end
+_STARTUP_WORDS = re.compile(r"^.*? exited while starting \([^)]*\): [\w-]+ \((?P<words>.*)\)$", re.DOTALL)
+
+
+def engine_words(detail: str | None) -> str:
+    """The engine's own sentence from a failure's recorded detail (pivot's framing taken off), else ''."""
+    if not detail:
+        return ""
+    found = _STARTUP_WORDS.match(detail.strip())
+    return (found.group("words") if found else detail).strip()
+
+
 Suggestion = Literal[
     "baseline",
     "adopted",
@@ -478,7 +498,15 @@ class Method:
             "failed_levels": failed,
         }
         if e.failure in REFUSED_FAILURES and self.run_count(e) == 0:
-            return Judgement(suggestion="ruled_out", text=f"the engine refused the flags ({e.failure})", **common)
+            words = engine_words(e.failure_detail)
+            what = (
+                "the engine cannot run it on this hardware"
+                if e.failure == "unsupported-hardware"
+                else "the engine refused the flags"
+            )
+            return Judgement(
+                suggestion="ruled_out", text=f"{what} ({e.failure})" + (f": {words}" if words else ""), **common
+            )
         if failed:
             why = f" ({e.failure})" if e.failure else ""
             return Judgement(
