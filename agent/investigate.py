@@ -139,7 +139,8 @@ async def run_investigation(
         session.id,
         m.Investigation(kind=kind, question=question.strip() or kind, experiment_id=experiment_id, model=name),
     )
-    session.emit("info", f"investigation {inv.id} ({kind}): {question.strip()[:120]}", investigation_id=inv.id)
+    number = len(session.store.investigations(session.id))  # the session's own count, as its summary numbers them
+    session.emit("info", f"investigation {number} ({kind}): {question.strip()[:120]}", investigation_id=inv.id)
     agent: Agent[Session, str] = Agent(
         deps_type=Session, output_type=str, instructions=INSTRUCTIONS,
         toolsets=[NumberedToolset(investigation.toolset)],  # the sub-agent speaks the session's numbers too
@@ -176,7 +177,7 @@ async def run_investigation(
     )
     session.store.finish_investigation(inv)
     session.emit(
-        "info", f"investigation {inv.id} {status}: {' '.join(inv.report.split())[:160]}", investigation_id=inv.id
+        "info", f"investigation {number} {status}: {' '.join(inv.report.split())[:160]}", investigation_id=inv.id
     )
     return inv
 

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -308,3 +309,22 @@ def test_no_server_outlives_pivot(how, code, store, paths, small_plan):
     assert gone(pid)
     assert store.servers(session.id)[0].status == "stopped"
     session.close()
+
+
+def test_a_server_writes_its_temporary_files_in_a_directory_of_its_own_removed_when_it_stops(tmp_path):
+    """vLLM leaves `vllm_dist_*` stores in the temp directory; a server's TMPDIR is its own and goes when it stops."""
+    port = free_port()
+    code = textwrap.dedent(HEALTHY).replace("PORT", str(port))
+    code = code.replace('print("loading weights"', 'import tempfile; print("tmp", tempfile.mkstemp(prefix="vllm_dist_")[1]); print("loading weights"')  # fmt: skip
+    server = ManagedServer([PY, "-c", code, "0"], log_path=tmp_path / "s.log", base_url=f"http://127.0.0.1:{port}",
+                           engine="command", stop_grace_s=5)  # fmt: skip
+    server.start()
+    try:
+        server.wait_ready(30)
+        line = next(x for x in server.log_tail(10) if x.startswith("tmp "))
+        left = Path(line.split(" ", 1)[1].strip())
+        assert left.exists() and left.name.startswith("vllm_dist_")
+        assert left.parent != Path(tempfile.gettempdir()) and left.parent.name.startswith("pivot-command-")
+    finally:
+        server.stop()
+    assert not left.exists() and not left.parent.exists()

@@ -69,8 +69,8 @@ def test_the_root_cause_investigation_cites_the_roofline_and_the_summary_lists_e
     text = (paths.home / doc.path).read_text()
     assert "Investigations" in [h for _, h in headings(text)]
     section = text.split("## Investigations", 1)[1].split("\n## ", 1)[0]
-    for inv in store.investigations(crashed):
-        assert f"**Investigation {inv.id}**" in section and inv.question in section
+    for number, inv in enumerate(store.investigations(crashed), 1):
+        assert f"**Investigation {number}**" in section and inv.question in section
         assert inv.report.splitlines()[0] in section
     assert "Read with ledger_experiments, server_log, experiment_levels; model investigator" in section
 
@@ -133,3 +133,28 @@ async def test_an_mcp_client_can_ask_for_an_investigation(store, paths, crashed)
     assert inv["status"] == "done" and "cuda-error" in inv["report"] and inv["tools_used"][0] == "ledger_experiments"
     assert [i.question for i in store.investigations(crashed)] == ["Why the crash?"]
     assert store.session_lock(crashed) is None
+
+
+def test_the_gemm_evidence_of_a_plan_without_a_hardware_profile_says_so(store, paths, crashed):
+    """A plan may name no hardware profile (the tiny vLLM CPU plan): the investigator's tool says there is none to
+    read against, it does not fail (it called load_hardware(None))."""
+    from types import SimpleNamespace
+
+    from tools.investigation import gemm_evidence
+
+    with Session.open(store, paths, crashed) as session:
+        target = session.target.model_copy(update={"hardware": None})
+        got = gemm_evidence(SimpleNamespace(deps=SimpleNamespace(target=target, store=session.store)))
+        assert got["hardware"] is None and got["microbench"] == [] and "names no hardware profile" in got["note"]
+        full = gemm_evidence(SimpleNamespace(deps=session))
+        assert full["hardware"] == session.target.hardware
+
+
+def test_investigations_are_numbered_in_their_session_not_across_the_ledger(store, paths, crashed):
+    other = glm5_campaign(store, paths, items=["07"])
+    for sid in (crashed, other):
+        eid = next(e.id for e in store.experiments(sid) if e.verdict == "crashed")
+        _investigate(store, paths, sid, "why?", kind="crash", experiment_id=eid)
+    assert store.investigations(other)[0].id == 2  # the ledger's second
+    text = (paths.home / write_status_summary(SessionRef(store, paths, other)).path).read_text()
+    assert "**Investigation 1** (crash" in text and "**Investigation 2**" not in text

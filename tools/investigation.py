@@ -151,6 +151,13 @@ def gemm_evidence(ctx: RunContext[Session]) -> dict[str, Any]:
     from tools.profiles import load_hardware
 
     target = ctx.deps.target
+    if not target.hardware:  # a plan may name no hardware profile (a CPU engine, a GPU pivot has no profile of)
+        return {
+            "hardware": None,
+            "microbench": [],
+            "note": "the plan names no hardware profile ([target] hardware), so there are no peak figures to read "
+            "GEMM micro-benchmarks against",
+        }
     hw = load_hardware(target.hardware)
     rows = [r for r in ctx.deps.store.microbench_results() if r.device in (hw.name, hw.title)]
     return {

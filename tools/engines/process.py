@@ -8,7 +8,9 @@ before recording it still leaves a server the next `Session.open` finds and stop
 A port that already answers before launch is refused, so another process's server is never taken for ours.
 Readiness is `/health` answering 200 and, for SGLang, the ready line in the log (without the line, the socket
 listening on the port must belong to the server's process group); an exit while starting is noticed on the next poll and raised with the classified reason and the log's tail.
-Stopping sends SIGTERM to the whole group, waits a grace period, then SIGKILLs what is left.
+Stopping sends SIGTERM to the whole group, waits a grace period, then SIGKILLs what is left. A server launched on
+this host gets a temporary directory of its own (TMPDIR, TMP, TEMP; vLLM leaves its `vllm_dist_*` stores there),
+removed once it has stopped, so a campaign leaves nothing in the host's temp directory.
 
 No server outlives pivot: while any runs, SIGINT and SIGTERM handlers stop every server (then raise
 KeyboardInterrupt, or exit 128+signal), and an atexit hook stops them on a normal exit or an exception. A pivot
@@ -20,9 +22,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -406,6 +410,7 @@ class ManagedServer:
         self._stopping = False  # pivot is stopping it: its exit is not a crash
         self._exit_recorded = False
         self._stopped = False
+        self._tmp: str | None = None  # the server's own temporary directory, removed once it has stopped
 
     @property
     def started(self) -> bool:
@@ -430,6 +435,9 @@ class ManagedServer:
         env = {**server_environ(), "PYTHONUNBUFFERED": "1", **self.env}
         if self.ledger is not None:  # found by the next Session.open even if pivot dies before recording it
             env[MARK_VAR] = server_mark(self.ledger.store.path, self.ledger.session_id)
+        if self.owner_check and "TMPDIR" not in self.env:  # on this host (not behind docker exec or ssh)
+            self._tmp = tempfile.mkdtemp(prefix=f"pivot-{self.engine}-")
+            env |= {"TMPDIR": self._tmp, "TMP": self._tmp, "TEMP": self._tmp}
         with self.log_path.open("ab") as log:
             self._log_start = log.tell()
             try:
@@ -443,11 +451,13 @@ class ManagedServer:
                     start_new_session=True,
                 )
             except FileNotFoundError as e:
+                self._remove_tmp()
                 raise PivotError(
                     f"cannot launch {self.engine}: {self.argv[0]!r} was not found",
                     hint="install it, or point the engine at it (python, prefix or command options)",
                 ) from e
             except OSError as e:
+                self._remove_tmp()
                 raise PivotError(f"cannot launch {self.engine}: {self.argv[0]!r}: {e.strerror or e}") from e
         fault_point("spawned")
         self.pid = self.pgid = self._proc.pid  # start_new_session: it leads its own session and process group
@@ -613,6 +623,11 @@ class ManagedServer:
 
     # ---- stop
 
+    def _remove_tmp(self) -> None:
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
     def stop(self, grace_s: float | None = None) -> None:
         """Stop the server and its whole process group (SIGTERM, then SIGKILL after the grace); safe to call twice."""
         with self._lock:
@@ -627,6 +642,7 @@ class ManagedServer:
             if self.exit_code is None:
                 self.exit_code = self._proc.returncode
             self._stopped = True
+            self._remove_tmp()
             if not self._exit_recorded:
                 self._exit_recorded = True
                 self._record("stopped", self.failure)

@@ -590,12 +590,12 @@ def _root_cause(ledger: Ledger, used: set[int]) -> list[str]:
 def _investigations(ledger: Ledger) -> list[str]:
     """Each sub-agent investigation: its question, what it read, its model's use and its report (quoted)."""
     out: list[str] = []
-    for inv in ledger.investigations:
+    for number, inv in enumerate(ledger.investigations, 1):  # numbered in the session, not across the ledger
         about = f", experiment #{ledger.number(inv.experiment_id)}" if inv.experiment_id is not None else ""
         tools = ", ".join(dict.fromkeys(inv.tools_used)) or "no tools"
         tokens = inv.input_tokens + inv.output_tokens
         out += [
-            f"**Investigation {inv.id}** ({inv.kind.replace('_', ' ')}{about}; {inv.status}): {inv.question}",
+            f"**Investigation {number}** ({inv.kind.replace('_', ' ')}{about}; {inv.status}): {inv.question}",
             "",
             f"Read with {tools}; model {inv.model}, {inv.requests} request{'s' if inv.requests != 1 else ''}, "
             f"{tokens:,} tokens. Its report:",
