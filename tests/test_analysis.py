@@ -341,3 +341,19 @@ def test_the_first_rule_whose_condition_holds_gives_the_verdict(glm5):
     for largest, category in (("attention", "memory_bandwidth"), ("communication", "communication")):
         estimate = {**ref.estimate_ms, largest: 10 * gpu_ms}
         assert decide(ref={"estimate_ms": estimate}) == category
+
+
+def test_an_audited_flag_is_named_in_the_words_of_the_plans_engine(small_plan):
+    from types import SimpleNamespace
+
+    from tools.analysis.plan_checks import ItemView, audited_flags
+
+    item = next(i for i in small_plan.items if i.flags)
+    flag = next(a for a in str(item.flags).split() if a.startswith("--"))
+    e = m.Experiment(id=5, number=2, kind="change", plan_item=item.id, config=small_plan.target.base_config(),
+                     workload=small_plan.workload, audit=[m.FlagIssue(flag=flag, status="unknown", message="no")])  # fmt: skip
+    for engine, words in (("vllm", "in vLLM 0.32.0"), ("sglang", "in SGLang 0.32.0"), ("mine", "in mine 0.32.0")):
+        target = small_plan.target.model_copy(update={"engine": engine, "engine_version": "0.32.0"})
+        ctx = SimpleNamespace(plan=small_plan.model_copy(update={"target": target}), experiments=[e])
+        [f] = audited_flags(ctx, ItemView(item, "", e.config))
+        assert f"{flag} is not accepted {words} (audit of experiment 2)" in f.text

@@ -156,3 +156,11 @@ def test_target_base_config_puts_the_model_first():
     assert t.base_config().argv() == ["--model-path", "org/m", "--tp-size", "1"]
     t2 = Target(model="org/m", hardware="h200", gpus=1, flags="--model /local/m")
     assert t2.base_config().argv() == ["--model", "/local/m"]
+
+
+def test_a_command_line_puts_the_environment_before_the_command():
+    config = ServerConfig.parse("--model /m --max-model-len 2048", env={"VLLM_CPU_KVCACHE_SPACE": "1", "A": "x y"})
+    assert config.command_line(["vllm", "serve"]) == (
+        "A='x y' VLLM_CPU_KVCACHE_SPACE=1 vllm serve --model /m --max-model-len 2048"
+    )
+    assert ServerConfig.parse("--tp 2").command_line(["python", "-m", "m"]) == "python -m m --tp 2"

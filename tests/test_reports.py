@@ -476,3 +476,24 @@ def test_a_chart_drawn_again_for_the_same_arguments_is_not_drawn_again(monkeypat
     other = [charts.Series(label="#1 baseline", points={1: 10.0, 64: 401.0}, role="baseline", tag="#1")]
     changed = charts.line_chart(other, title="a chart only this test draws", ylabel="output tok/s")
     assert changed != first and len(drawn) == 2
+
+
+def test_a_documents_command_line_reads_as_the_user_pastes_it_and_as_pivot_launched_it(store, paths, small_plan):
+    from agent.session import Session
+    from tools.reports.improvement import render_improvement
+    from tools.reports.ledger import Ledger
+
+    item = next(i for i in small_plan.items if i.flags is not None)
+    plan = small_plan.model_copy(update={"target": small_plan.target.model_copy(update={"engine": "vllm"})})
+    with Session.create(store, paths, plan, engine_name="command") as s:
+        config = plan.target.base_config().with_flags(item.flags).model_copy(update={"env": {"VLLM_X": "1"}})
+        e = store.add_experiment(s.id, m.Experiment(kind="change", plan_item=item.id, config=config,
+                                                    workload=plan.workload, status="finished"))  # fmt: skip
+        argv = ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", *config.argv()]
+        store.add_server(m.ServerProcess(session_id=s.id, experiment_id=e.id, engine="vllm", pid=1, pgid=1,
+                                         host="127.0.0.1", base_url="http://127.0.0.1:1", argv=argv,
+                                         status="stopped"))  # fmt: skip
+        text, _, _ = render_improvement(Ledger.read(store, s.id), item)
+    assert "\nVLLM_X=1 vllm serve " + " ".join(config.argv()) + "\n" in text
+    assert "serve VLLM_X" not in text
+    assert "As pivot launched it:\n\n```\nVLLM_X=1 /venv/bin/python -m vllm.entrypoints.openai.api_server" in text

@@ -167,6 +167,15 @@ class ServerConfig(_Model):
         """The flags as an argv list, ready for subprocess without a shell."""
         return [token for flag in self.flags for token in flag.argv()]
 
+    def command_line(self, command: Sequence[str]) -> str:
+        """The line a user pastes into a shell to run `command` with these flags: the environment first, then the
+        command, then the flags (a power limit, which is set on the GPU and not on the command, after it)."""
+        env = [f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
+        text = " ".join([*env, shlex.join([*command, *self.argv()])])
+        if self.gpu_power_limit_w is not None:
+            text = f"{text} [{power_limit_text(self.gpu_power_limit_w)}]"
+        return text
+
     def __str__(self) -> str:
         text = shlex.join(self.argv())
         if self.env:

@@ -297,6 +297,14 @@ def _number(ctx: PlanContext, experiment_id: int | None) -> int | None:
     return next((e.number for e in ctx.experiments if e.id == experiment_id), experiment_id)
 
 
+ENGINE_WORDS = {"sglang": "SGLang", "vllm": "vLLM"}  # how a plan's [target] engine is written in prose
+
+
+def engine_words(engine: str) -> str:
+    """A plan's engine as prose names it: SGLang, vLLM, else the plugin's own name."""
+    return ENGINE_WORDS.get(engine.lower(), engine)
+
+
 _AUDIT_WHAT = {"noop": "is accepted but read nowhere", "unknown": "is not accepted", "ambiguous": "is ambiguous"}
 
 
@@ -312,7 +320,7 @@ def audited_flags(ctx: PlanContext, it: ItemView) -> list[m.Finding]:
                 out.append(
                     _finding(
                         "claim",
-                        f"Item {item.id}: {issue.flag} {_AUDIT_WHAT[issue.status]} in SGLang "
+                        f"Item {item.id}: {issue.flag} {_AUDIT_WHAT[issue.status]} in {engine_words(target.engine)} "
                         f"{target.engine_version or ''} (audit of experiment {e.number}), so the expected impact cannot "
                         f"come from it. {issue.message}".strip(),
                         {"experiment_id": e.id or 0},

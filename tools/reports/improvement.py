@@ -128,10 +128,15 @@ def render_improvement(ledger: Ledger, item: m.PlanItem) -> tuple[str, str, list
             f"Command line of experiment #{tested.number}:",
             "",
             "```",
-            f"{engine} serve {tested.config}",
+            tested.config.command_line([engine, "serve"]),
             "```",
             "",
         ]
+        argv = ledger.launched.get(tested.id or 0)
+        if argv and ledger.record.engine != "sim":  # the twin's own argv is pivot's, not a line for the user
+            line = tested.config.model_copy(update={"flags": []}).command_line(argv)
+            if line != out[-3]:
+                out += ["As pivot launched it:", "", "```", line, "```", ""]
         if tested.audit:
             out += [
                 f"Flag audit against {engine} {plan.target.engine_version or ''}".rstrip() + ":",

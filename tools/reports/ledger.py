@@ -29,6 +29,7 @@ class Ledger:
     # for two runs their spread (max - min) / mean), where it has two or more
     spread_pct: dict[int, dict[int, float]] = field(default_factory=dict)
     capacity: dict[int, list[m.Capacity]] = field(default_factory=dict)  # experiment -> its runs' capacity brackets
+    launched: dict[int, list[str]] = field(default_factory=dict)  # experiment -> the argv its last server ran
 
     @classmethod
     def read(cls, store: Store, session_id: str) -> Ledger:
@@ -76,6 +77,7 @@ class Ledger:
             investigations=store.investigations(record.id),
             spread_pct=spread,
             capacity=capacity,
+            launched={s.experiment_id: s.argv for s in store.servers(record.id) if s.experiment_id is not None},
         )
 
     def band_pct(self) -> float:
