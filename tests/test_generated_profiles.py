@@ -101,6 +101,73 @@ def test_moe_and_mla_configs_give_experts_and_the_latent_kv(tmp_path):
     assert {part.name for part in q.parts} >= {"mlp", "experts", "shared_experts"}
 
 
+# Shapes of real architectures' config.json files, cut to the keys that matter here (values as the hub ships them,
+# layers and widths made small): what decides tied embeddings and sliding windows.
+QWEN2_TIED = {
+    **LLAMA,
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "tie_word_embeddings": True,
+    "use_sliding_window": False,
+    "sliding_window": 4096,
+    "max_window_layers": 21,
+    "vocab_size": 16000,
+}
+MISTRAL_SWA = {
+    **LLAMA,
+    "architectures": ["MistralForCausalLM"],
+    "model_type": "mistral",
+    "sliding_window": 64,
+    "num_key_value_heads": 1,
+    "vocab_size": 50048,
+    "tie_word_embeddings": False,
+}
+GEMMA2 = {
+    **LLAMA,
+    "architectures": ["Gemma2ForCausalLM"],
+    "model_type": "gemma2",
+    "sliding_window": 4096,
+    "num_hidden_layers": 4,
+}  # no tie_word_embeddings: Gemma's config class ties them
+GEMMA3 = {
+    **LLAMA,
+    "architectures": ["Gemma3ForCausalLM"],
+    "model_type": "gemma3_text",
+    "sliding_window": 512,
+    "num_hidden_layers": 6,
+    "tie_word_embeddings": True,
+    "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+}
+QWEN2_SWA = {**QWEN2_TIED, "use_sliding_window": True, "max_window_layers": 1}
+
+
+@pytest.mark.parametrize(
+    ("config", "tied", "window", "window_layers"),
+    [(LLAMA, False, None, 0), (QWEN2_TIED, True, None, 0), (MISTRAL_SWA, False, 64, 3), (GEMMA2, True, 4096, 2),
+     (GEMMA3, True, 512, 5), (QWEN2_SWA, True, 4096, 2)],
+)  # fmt: skip
+def test_tied_embeddings_and_sliding_windows_are_read_from_each_architecture(tmp_path, config, tied, window,
+                                                                             window_layers):  # fmt: skip
+    p = model_from_config(write_model(tmp_path / "m", config) / "config.json", "m")
+    vocab, hidden = config["vocab_size"], config["hidden_size"]
+    embedding = sum(part.params for part in p.parts if part.name.startswith(("embedding", "lm_head")))
+    assert embedding == (1 if tied else 2) * vocab * hidden  # a tied lm_head is the embedding: counted once
+    assert any(part.name.startswith("lm_head") and part.kind == "dense" for part in p.parts)  # still read each step
+    assert (p.sliding_window, p.sliding_window_layers) == (window, window_layers)
+
+
+def test_a_sliding_window_caps_the_kv_a_long_request_reads_in_the_twin(tmp_path):
+    from tools.engines.sim.costmodel import CostModel, Parallel
+
+    full = model_from_config(write_model(tmp_path / "full", {**MISTRAL_SWA, "sliding_window": None}) / "config.json",
+                             "full")  # fmt: skip
+    swa = model_from_config(write_model(tmp_path / "swa", MISTRAL_SWA) / "config.json", "swa")
+    assert swa.kv_share(64) == 1.0 and swa.kv_share(6400) == pytest.approx(0.01)
+    hw = load_hardware("h200")
+    steps = [CostModel(p, hw, Parallel()).decode(64, 64 * 6400) for p in (full, swa)]
+    assert steps[1].attention_s < steps[0].attention_s / 10  # 6,400 tokens of context, 64 read
+
+
 def test_a_hub_id_is_found_in_the_hugging_face_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     repo = tmp_path / "hub" / "models--org--tiny"

@@ -176,3 +176,58 @@ def test_pivot_benchs_warmup_error_names_vocab_size(tmp_path):
     assert result.exit_code == 1 and "warmup failed" in result.stderr, result.output
     hint = next(line for line in result.stderr.splitlines() if line.startswith("hint:"))
     assert "--vocab-size" in hint and "out of vocabulary" in result.stderr
+
+
+def test_pivot_bench_draws_token_ids_below_the_vocabulary_of_the_model_folder_the_server_names(tmp_path):
+    """/v1/models names a model folder this host has: its config.json and tokenizer bound the random ids (a
+    16k-word tokenizer under a config padded above it: the tokenizer's), so the warm-up is not refused."""
+    import json as _json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    model = tmp_path / "tiny-qwen2"
+    model.mkdir()
+    (model / "config.json").write_text(_json.dumps({"vocab_size": 1024}))
+    (model / "tokenizer.json").write_text(_json.dumps({"model": {"vocab": {f"t{i}": i for i in range(1000)}}}))
+    seen: list[int] = []
+
+    class Checking(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def _send(self, status: int, body: bytes, kind: str = "application/json") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            if self.path == "/v1/models":
+                self._send(200, _json.dumps({"data": [{"id": str(model)}]}).encode())
+            else:
+                self._send(404, b"{}")
+
+        def do_POST(self):
+            body = _json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            ids = body.get("prompt") if isinstance(body.get("prompt"), list) else body.get("input_ids") or []
+            seen.extend(int(i) for i in ids if isinstance(i, int))
+            if any(int(i) >= 1000 for i in ids if isinstance(i, int)):
+                return self._send(400, b'{"error": "token id out of vocabulary"}')
+            chunk = _json.dumps({"choices": [{"text": "x", "index": 0}]})
+            self._send(200, f"data: {chunk}\n\ndata: [DONE]\n\n".encode(), "text/event-stream")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Checking)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        result = CliRunner().invoke(cli, ["bench", "--base-url", url, "--endpoint", "completions", "--concurrency",
+                                          "1", "--num-prompts", "2", "--input-len", "64", "--output-len", "1",
+                                          "--json"], catch_exceptions=False)  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen and max(seen) < 1000, result.output
+    assert "warmup failed" not in result.stderr, result.stderr

@@ -261,11 +261,11 @@ BENCH_OPTIONS: list[Callable[[Any], Any]] = [
     click.option(
         "--vocab-size",
         type=Number(int, min=2, max=2**31 - 1),
-        default=32000,
-        show_default=True,
-        help="Random token ids (generate, completions) are drawn below this: give the model's vocabulary size "
-        "(`vocab_size` in its config.json) for bench_serving's exact prompts, and so that no id is one the model does "
-        "not know (a server answering 'token id out of vocabulary' needs it).",
+        default=None,
+        help="Random token ids (generate, completions) are drawn below this. Default: the served model's vocabulary "
+        "when --model (or the name GET /v1/models gives) is a folder or a cached hub model this host can read, else "
+        "32000 (bench_serving's exact prompts with a 32k tokenizer). Give it so that no id is one the model does not "
+        "know (a server answering 'token id out of vocabulary' needs it).",
     ),
     click.option(
         "--output-file",
@@ -348,7 +348,7 @@ def bench(
     disable_ignore_eos: bool,
     request_timeout_s: float | None,
     model: str | None,
-    vocab_size: int,
+    vocab_size: int | None,
     output_file: Path | None,
     as_json: bool,
     via: str,
@@ -400,7 +400,7 @@ def bench(
 
 
 def _sweep(base_url: str, spec: BenchSpec, *, via: str, model: str | None, tokenizer: str | None,
-           output_file: Path | None, vocab_size: int, sglang_python: str) -> BenchResult:  # fmt: skip
+           output_file: Path | None, vocab_size: int | None, sglang_python: str) -> BenchResult:  # fmt: skip
     """The sweep, by pivot's own client or (--via sglang) by SGLang's benchmark module, with progress on stderr."""
     from tools import loadgen  # numpy and the client load only for this command
 

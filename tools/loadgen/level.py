@@ -27,7 +27,7 @@ from tools.loadgen.workload import (
     request_body,
     sample_workload,
 )
-from tools.metrics import RequestRecord, compute_level
+from tools.metrics import DEFAULT_VOCAB_SIZE, RequestRecord, compute_level
 
 # how servers word a prompt id beyond their vocabulary (vLLM: "Token id 11465 is out of vocabulary")
 _VOCAB_ERROR = re.compile(r"out of vocabulary|token id[s]? .*(out of range|exceed|invalid)|vocab", re.IGNORECASE)
@@ -96,7 +96,7 @@ class _Sweep:
     model: str | None
     on_progress: Callable[[LevelProgress], None] | None
     output_file: Path | None
-    vocab_size: int
+    vocab_size: int | None  # None: the served model's, read from its files when this host has them, else the default
     warmup_pause_s: float
     headers: dict[str, str] | None = None  # None: bench_serving's (auth_headers); {} sends no Authorization
     result: BenchResult = field(init=False)
@@ -122,6 +122,11 @@ class _Sweep:
         served = await probe(self.base_url, headers=self.auth)
         if self.model is None and self.spec.endpoint != "generate":
             self.model = served
+        if self.vocab_size is None:  # /v1/models names a local folder (or a hub id cached here): its vocabulary
+            from tools.profiles.generated import model_vocab_size
+
+            name = self.model or served
+            self.vocab_size = (model_vocab_size(name) if name else None) or DEFAULT_VOCAB_SIZE
         try:
             for index, concurrency in enumerate(self.spec.concurrency):
                 level = await self._level(index, concurrency)

@@ -20,7 +20,7 @@ async def run_sweep(
     model: str | None = None,
     on_progress: Callable[[LevelProgress], None] | None = None,
     output_file: Path | None = None,
-    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    vocab_size: int | None = DEFAULT_VOCAB_SIZE,
     warmup_pause_s: float = 1.0,
     headers: dict[str, str] | None = None,
 ) -> BenchResult:
@@ -31,7 +31,8 @@ async def run_sweep(
     (Ctrl-C), stops at once and returns the levels already finished with `interrupted=True`; each
     finished level is appended to `output_file` (JSONL, bench_serving's keys) as soon as it is done.
     `model` names the model in OpenAI requests (default: the first of `GET /v1/models`, if any);
-    `vocab_size` bounds random token ids; `warmup_pause_s` is the pause after warmup (bench_serving: 1 s).
+    `vocab_size` bounds random token ids (None: the served model's vocabulary when `model`, or the name
+    `/v1/models` gives, is a folder or a hub id this host has the files of; else DEFAULT_VOCAB_SIZE); `warmup_pause_s` is the pause after warmup (bench_serving: 1 s).
     `headers` go with every request; None sends bench_serving's Authorization (auth_headers: $OPENAI_API_KEY,
     else $API_KEY), which `pivot bench` keeps; an engine's deployment passes its own (none unless opted in).
     """

@@ -234,13 +234,29 @@ class ModelProfile(_Profile):
         default_factory=list, description="The linear layers of one layer (TP1), for GEMM micro-benchmarks."
     )
     vocab_size: int | None = Field(default=None, gt=0, description="Token ids the model knows (config.json).")
+    sliding_window: int | None = Field(
+        default=None, gt=0, description="Tokens a sliding-window attention layer attends to (Mistral, Gemma)."
+    )
+    sliding_window_layers: int = Field(
+        default=0, ge=0, description="Layers with sliding-window attention; the others attend to the whole context."
+    )
     source: str = Field(default="", description="Where the figures come from when pivot generated the profile.")
 
     @model_validator(mode="after")
     def _layers_add_up(self) -> ModelProfile:
         if self.moe_layers > self.layers:
             raise ValueError(f"moe_layers ({self.moe_layers}) exceeds layers ({self.layers})")
+        if self.sliding_window_layers > self.layers:
+            raise ValueError(f"sliding_window_layers ({self.sliding_window_layers}) exceeds layers ({self.layers})")
         return self
+
+    def kv_share(self, context: float) -> float:
+        """The share of the whole-context KV (and attention work) a request of `context` tokens has: 1 without
+        sliding-window layers; with them, those layers keep and read at most `sliding_window` tokens."""
+        if not self.sliding_window or not self.sliding_window_layers or context <= self.sliding_window:
+            return 1.0
+        full = self.layers - self.sliding_window_layers
+        return (full + self.sliding_window_layers * self.sliding_window / context) / self.layers
 
     def part(self, kind: str) -> list[ParamPart]:
         return [p for p in self.parts if p.kind == kind]

@@ -125,6 +125,40 @@ def _dtype(cfg: dict[str, Any], top: dict[str, Any]) -> str:
     return _DTYPES.get(raw.removeprefix("torch."), "bf16")
 
 
+# model types whose config class ties the output layer to the embedding when config.json does not say
+_TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3", "gemma3_text")
+
+
+def tied_embeddings(cfg: dict[str, Any], top: dict[str, Any]) -> bool:
+    """Whether the output layer is the embedding matrix (tie_word_embeddings): one matrix in memory, not two."""
+    for source in (cfg, top):
+        if isinstance(source.get("tie_word_embeddings"), bool):
+            return bool(source["tie_word_embeddings"])
+    return str(cfg.get("model_type") or top.get("model_type") or "") in _TIED_BY_DEFAULT
+
+
+def sliding_window(cfg: dict[str, Any], layers: int) -> tuple[int | None, int]:
+    """(window, layers that use it) from config.json: `layer_types` where it lists them (Gemma 3, Qwen3's newer
+    configs); Qwen2's `use_sliding_window` with `max_window_layers` (the first that many layers attend to the whole
+    context); Gemma 2's every other layer, Gemma 3's `sliding_window_pattern`; else every layer (Mistral). (None, 0)
+    without a window, or with one switched off (`use_sliding_window: false`)."""
+    raw = cfg.get("sliding_window")
+    window = int(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) and raw > 0 else None
+    if window is None or cfg.get("use_sliding_window") is False:
+        return None, 0
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types:
+        return window, min(sum(1 for t in types if "sliding" in str(t)), layers)
+    if cfg.get("use_sliding_window") is True and isinstance(cfg.get("max_window_layers"), int):
+        return window, max(0, min(layers - int(cfg["max_window_layers"]), layers))
+    pattern = cfg.get("sliding_window_pattern")
+    if isinstance(pattern, int) and pattern > 1:
+        return window, layers - layers // pattern
+    if str(cfg.get("model_type")) == "gemma2":
+        return window, layers - layers // 2
+    return window, layers
+
+
 def model_from_config(path: Path, model: str) -> ModelProfile:
     """A model profile from a config.json (PivotError naming the file and the field when it lacks the shape)."""
     try:
@@ -168,12 +202,15 @@ def model_from_config(path: Path, model: str) -> ModelProfile:
         if shared:
             parts.append({"name": "shared_experts", "params": float(moe_layers * shared * 3 * hidden * shared_ffn),
                           "dtype": dtype, "kind": "dense", "layers": "moe"})  # fmt: skip
+    tied = tied_embeddings(cfg, top)
     if vocab:
         embed_dtype = "bf16" if dtype in ("fp8", "nvfp4") else dtype
-        parts.append({"name": "embedding", "params": float(vocab * hidden), "dtype": embed_dtype, "kind": "embedding",
-                      "layers": "first"})  # fmt: skip
-        parts.append({"name": "lm_head", "params": float(vocab * hidden), "dtype": embed_dtype, "kind": "dense",
-                      "layers": "last"})  # fmt: skip
+        if not tied:  # tied: one matrix, the embedding and the output layer (read whole each step as the lm_head)
+            parts.append({"name": "embedding", "params": float(vocab * hidden), "dtype": embed_dtype,
+                          "kind": "embedding", "layers": "first"})  # fmt: skip
+        parts.append({"name": "lm_head (tied to the embedding)" if tied else "lm_head", "params": float(vocab * hidden),
+                      "dtype": embed_dtype, "kind": "dense", "layers": "last"})  # fmt: skip
+    window, window_layers = sliding_window(cfg, layers)
     gemms = []
     if not experts:
         gemms = [
@@ -208,6 +245,8 @@ def model_from_config(path: Path, model: str) -> ModelProfile:
         "parts": parts,
         "dense_gemms": gemms,
         "vocab_size": vocab,
+        "sliding_window": window,
+        "sliding_window_layers": window_layers,
         "source": f"generated from {path}",
     }
     return ModelProfile.model_validate(data)

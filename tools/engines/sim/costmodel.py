@@ -348,6 +348,7 @@ class CostModel:
         par = self.par
         micro = max(min(batch, par.pp), 1)  # the scheduler keeps each micro-batch within pp_micro_batch
         rows = -(-batch // micro)
+        ctx_tokens *= self.model.kv_share(ctx_tokens / max(batch, 1))  # sliding-window layers read their window
         attn_flops = ctx_tokens / micro * self.model.attention_flops_per_ctx_token
         stages = [self._stage(i, rows, ctx_tokens / micro, attn_flops) for i in range(len(self.stages))]
         host = self.cal.host_ms_per_step * 1e-3 + self.cal.host_us_per_request * 1e-6 * rows
