@@ -70,6 +70,17 @@ def engine_words(detail: str | None) -> str:
     return (found.group("words") if found else detail).strip()
 
 
+def refused_text(e: m.Experiment) -> str:
+    """Why a change the engine refused at startup is ruled out, in the engine's own words where it gave some."""
+    words = engine_words(e.failure_detail)
+    what = (
+        "the engine cannot run it on this hardware"
+        if e.failure == "unsupported-hardware"
+        else "the engine refused the flags"
+    )
+    return f"{what} ({e.failure})" + (f": {words}" if words else "")
+
+
 Suggestion = Literal[
     "baseline",
     "adopted",
@@ -498,15 +509,7 @@ class Method:
             "failed_levels": failed,
         }
         if e.failure in REFUSED_FAILURES and self.run_count(e) == 0:
-            words = engine_words(e.failure_detail)
-            what = (
-                "the engine cannot run it on this hardware"
-                if e.failure == "unsupported-hardware"
-                else "the engine refused the flags"
-            )
-            return Judgement(
-                suggestion="ruled_out", text=f"{what} ({e.failure})" + (f": {words}" if words else ""), **common
-            )
+            return Judgement(suggestion="ruled_out", text=refused_text(e), **common)
         if failed:
             why = f" ({e.failure})" if e.failure else ""
             return Judgement(
