@@ -45,6 +45,8 @@ def question(moves: Moves) -> tuple[str, list[str]]:
     e = method.experiment(due.experiment_id)
     if due.kind in ("baseline", "benchmark"):
         return _failed(moves, e)
+    if due.kind == "objective" and e is not None:
+        return _unmet(moves, e)
     if due.kind == "crash" and e is not None:
         item = plan.item(e.plan_item) if e.plan_item in plan.item_ids() else None
         what = f"{item.id} {item.title}" if item else f"experiment {e.number}"
@@ -77,6 +79,22 @@ def _noise_note(moves: Moves) -> str:
     if band <= floor * 1.5:
         return ""
     return f" (The noise band is {band:.1f}%: changes smaller than that cannot be told apart from noise.)"
+
+
+def _unmet(moves: Moves, e: m.Experiment) -> tuple[str, list[str]]:
+    """The question after a baseline that meets the objective nowhere: its value per level, and what to change."""
+    from tools.method.reading import unmet_words
+
+    method = moves.method
+    q = (
+        f"The baseline (experiment {e.number}) gives 0 for the objective, {method.objective.at(max(method.ok_values(e)))}"
+        f"; {unmet_words(method, e)}. Every change would be judged against zero, and one that keeps it at zero cannot "
+        "be told from another. Loosen the SLOs in the plan's [objective] (or give the workload levels that can meet "
+        f"them) and resume with `pivot resume {method.record.id} --plan FILE --answer continue`, or answer 'continue' "
+        "to judge the changes as they are: a change then counts when it brings requests within the SLOs."
+    )
+    options = ["continue: judge the changes against this baseline as it is", "stop: end the campaign"]
+    return " ".join(q.split()), options
 
 
 def _failed(moves: Moves, e: m.Experiment | None) -> tuple[str, list[str]]:

@@ -239,3 +239,28 @@ def test_the_shipped_slo_plan_checks_clean_but_for_the_seeds_own_errors():
 def test_the_plans_that_ship_include_an_slo_objective():
     plans = {p.stem for p in (Path(__file__).parent.parent / "plans").glob("*.toml")}
     assert "glm5-nvfp4-rtxpro6000x8-capacity" in plans
+
+
+def test_an_objective_no_level_meets_is_said_at_the_baseline_with_a_pivot(tmp_path):
+    """SLOs no request can meet: the baseline's verdict says so with the value per level, and the campaign stops at
+    a pivot before any change is judged against zero; 'continue' goes on as it is."""
+    home = tmp_path / "home"
+    args = ["--home", str(home), "run", "glm5-nvfp4-rtxpro6000x8", "--engine", "sim", "--concurrency", "1,64", "-q",
+            "--objective", "goodput", "--slo", "ttft:1,tpot:1"]  # fmt: skip
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    with Store(Paths.from_env(home).db_path) as store:
+        (record,) = store.list_sessions()
+        experiments = store.experiments(record.id)
+        assert [e.kind for e in experiments if store.bench_results(e.id)] == ["baseline"]  # nothing judged vs zero
+        base = experiments[0]
+        assert "no level meets the objective" in (base.reason or "") and "within the SLOs" in base.reason
+        (pivot,) = store.pivots(record.id)
+        assert "gives 0 for the objective" in pivot.question and "--plan FILE --answer continue" in pivot.question
+        assert pivot.options[0].startswith("continue")
+    result = CliRunner().invoke(cli, ["--home", str(home), "resume", record.id, "--answer", "continue", "-q"],
+                                catch_exceptions=False)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    with Store(Paths.from_env(home).db_path) as store:
+        assert any(e.kind == "change" and store.bench_results(e.id) for e in store.experiments(record.id))
+        assert not any("gives 0 for the objective" in p.question for p in store.pivots(record.id)[1:])

@@ -109,8 +109,26 @@ def _baseline(method: Method, mv: Moves) -> bool:
         mv.verdicts[base.id or 0] = permitted(method, base, j) or ("baseline",)
         mv.why = f"record the baseline's verdict (experiment {base.number}: {j.text})"
         return True
+    if _objective_unmet(method, base) and d.stopped_at is None:
+        judged = base.finished_at or base.created_at
+        if not any(p.asked_at >= judged for p in method.pivots):  # asked once; an answer goes on as it is
+            mv.phase = "pivot"
+            mv.pivot = PivotDue("objective", why=f"the baseline (experiment {base.number}) meets the objective at "
+                                "no level judged: every change would be compared with zero", experiment_id=base.id)  # fmt: skip
+            mv.why = mv.pivot.why
+            return True
     mv.phase = "work"
     return False
+
+
+def _objective_unmet(method: Method, base: m.Experiment) -> bool:
+    """Whether the baseline's objective is 0 at the level it is judged at (a goodput or capacity whose SLOs no
+    request met there); throughput is never 0 for a baseline that ran."""
+    values = method.ok_values(base)
+    if not values:
+        return False
+    runs = values[max(values)]
+    return sum(runs) / len(runs) <= 0
 
 
 # ---- judging

@@ -40,7 +40,7 @@ BASELINE_RUNS_MAX = 4  # runs of the baseline at most, when the noise band is to
 PROMISING_FACTOR = 2.0  # a plan item is promising when it expects at least this times the noise floor
 BENCHMARK_REFUSED = ("request-refused", "benchmark-refused")  # failure classes of a benchmark the server refused
 Phase = Literal["asked", "documents", "baseline", "judge", "pivot", "work", "finished"]
-PivotKind = Literal["clarify", "baseline", "benchmark", "crash", "stall", "tier", "requested"]
+PivotKind = Literal["clarify", "baseline", "benchmark", "objective", "crash", "stall", "tier", "requested"]
 SETTLE_VERDICTS = ("ruled_out", "predicted", "not_measured")
 
 

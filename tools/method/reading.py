@@ -81,6 +81,26 @@ def refused_text(e: m.Experiment) -> str:
     return f"{what} ({e.failure})" + (f": {words}" if words else "")
 
 
+def unmet_words(method: Method, e: m.Experiment) -> str:
+    """What the objective's value was per level of `e`, said when it is 0 at the level judged: no level's requests
+    met the SLOs (the SLO attainment per level, where the runs measured it)."""
+    by_level: dict[int, list[tuple[float, float | None]]] = {}
+    for result in method.runs.get(e.id or 0, []):
+        values = method.objective.value_of_run(result)
+        for lv in result.levels:
+            c = lv.max_concurrency
+            if c is not None and c in values:
+                by_level.setdefault(c, []).append((values[c], lv.slo_attainment))
+    parts = []
+    for c, pairs in sorted(by_level.items()):
+        value = sum(v for v, _ in pairs) / len(pairs)
+        att = [a for _, a in pairs if a is not None]
+        share = f" ({100 * sum(att) / len(att):.0f}% of requests within the SLOs)" if att else ""
+        unit = getattr(method.objective, "unit", "")
+        parts.append(f"{method.objective.number(value)} {unit}{share} at concurrency {c}".replace("  ", " "))
+    return "no level meets the objective: " + "; ".join(parts) if parts else "no level meets the objective"
+
+
 Suggestion = Literal[
     "baseline",
     "adopted",
@@ -493,6 +513,22 @@ class Method:
             return f", beyond the {band:.1f}% noise band ({why_band})"
         return ""
 
+    def _baseline_judgement(self, e: m.Experiment, after: dict[int, list[float]], noise: float | None,
+                            common: dict) -> Judgement:  # fmt: skip
+        """A baseline's reading: its value at the top level, its runs and noise, and whether it meets the objective."""
+        top = max(after)
+        runs = after[top]
+        mean = sum(runs) / len(runs)
+        n = self.objective.number
+        text = f"{n(mean)} {self.objective.at(top)}"
+        if len(runs) > 1:
+            word = "spread" if len(runs) == 2 else "noise, twice the standard error of the mean"
+            text += f" (mean of {len(runs)} runs: {', '.join(n(v) for v in runs)}; {word} {noise or 0:.1f}%)"
+        if mean <= 0:
+            text += f"; {unmet_words(self, e)}"
+        text += self._refused_clause(e)
+        return Judgement(suggestion="baseline", concurrency=top, after_tok_s=mean, runs_tok_s=runs, text=text, **common)
+
     def judge(self, e: m.Experiment) -> Judgement:
         """`e` against its base, by the rules in the module docstring."""
         eid = e.id or 0
@@ -529,25 +565,15 @@ class Method:
         if not after:
             return Judgement(suggestion="pending", text="not measured yet", **common)
         if e.kind == "baseline":
-            top = max(after)
-            runs = after[top]
-            mean = sum(runs) / len(runs)
-            n = self.objective.number
-            text = f"{n(mean)} {self.objective.at(top)}"
-            if len(runs) > 1:
-                word = "spread" if len(runs) == 2 else "noise, twice the standard error of the mean"
-                text += f" (mean of {len(runs)} runs: {', '.join(n(v) for v in runs)}; {word} {noise or 0:.1f}%)"
-            text += self._refused_clause(e)
-            return Judgement(
-                suggestion="baseline", concurrency=top, after_tok_s=mean, runs_tok_s=runs, text=text, **common
-            )
+            return self._baseline_judgement(e, after, noise, common)
         compared = self._compared(e)
         if compared is None:
             return Judgement(suggestion="pending", text="no level to compare with its base", **common)
         c, before_runs, runs = compared
         b = sum(before_runs) / len(before_runs)
         a = sum(runs) / len(runs)
-        change = (a - b) / b * 100 if b > 0 else 0.0
+        # a base that met the objective nowhere (0 good req/s): any value above it is a gain beyond every band
+        change = (a - b) / b * 100 if b > 0 else (100.0 if a > 0 else 0.0)
         judged, combined = self.with_twin(e, change, len(runs), len(before_runs), band)
         best = self.best(e.workload)
         moved = (  # another change was adopted since e was launched on its base (an executor ran them side by side)
