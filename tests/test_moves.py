@@ -424,3 +424,27 @@ def test_a_refused_change_keeps_the_engines_own_words_in_its_verdict(store, path
                                                         base_experiment_id=base.id))  # fmt: skip
             j = Method.read(store, s.id).judge(e)
             assert j.suggestion == "ruled_out" and j.text.startswith(what), j.text
+
+
+def test_a_change_whose_own_runs_disagree_is_judged_against_their_spread_not_the_baselines(store, paths, small_plan):
+    """A null control measured at 473 and 221 tok/s against a baseline steady at 400: not 'regressed -15%' on a 4%
+    band, but inside its own spread."""
+    with Session.create(store, paths, small_plan, engine_name="sim") as s:
+        base = store.add_experiment(s.id, m.Experiment(kind="baseline", config=small_plan.target.base_config(),
+                                                       workload=small_plan.workload, status="finished"))  # fmt: skip
+        change = store.add_experiment(s.id, m.Experiment(kind="change", config=small_plan.target.base_config(),
+                                                         workload=small_plan.workload, status="finished",
+                                                         base_experiment_id=base.id))  # fmt: skip
+        top = max(small_plan.workload.concurrency)
+        for eid, values in ((base.id, (400.0, 404.0)), (change.id, (473.0, 221.0))):
+            for v in values:
+                store.add_bench_result(eid or 0, m.BenchResult(spec=small_plan.workload, engine="sim",
+                                                               source="measured", levels=[bench_level(top, v)]))  # fmt: skip
+        j = Method.read(store, s.id).judge(change)
+        assert j.suggestion in ("rerun", "no_gain"), j.text
+        assert "its own 2 runs spread" in j.text and j.band_pct > 50
+        steady = store.add_experiment(s.id, change.model_copy(update={"id": None}))
+        for v in (350.0, 352.0):
+            store.add_bench_result(steady.id or 0, m.BenchResult(spec=small_plan.workload, engine="sim",
+                                                                 source="measured", levels=[bench_level(top, v)]))  # fmt: skip
+        assert Method.read(store, s.id).judge(steady).suggestion == "regressed"  # tight runs: the session's band

@@ -193,6 +193,11 @@ class BenchLevel(BaseModel):
         default=None, description="Output tokens of the good requests per second of duration (pivot's)."
     )
     mean_gpu_power_w: float | None = Field(default=None, description="Mean power per GPU over the level (W).")
+    host_other_cores: float | None = Field(
+        default=None,
+        description="CPU cores other processes (not pivot, not the server) kept busy on this host during the level, "
+        "on average (tools/hostload.py); None when not measured.",
+    )
     energy_per_output_token_j: float | None = Field(
         default=None, description="Joules of all the server's GPUs over the level per output token."
     )
@@ -279,6 +284,7 @@ OPTIONAL_LEVEL_KEYS = (
     "slo_attainment_by_metric",
     "token_goodput_tok_s",
     "mean_gpu_power_w",
+    "host_other_cores",
     "energy_per_output_token_j",
 )
 

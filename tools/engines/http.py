@@ -305,7 +305,10 @@ class HttpDeployment:
         recorder: TelemetryRecorder,
     ) -> None:
         from tools import loadgen
+        from tools.hostload import HostLoad
 
+        # measured for a server of this host; the twin's numbers are simulated, not this host's
+        host = HostLoad(self.server.pgid) if not self.simulated and self.server.owner_check else None
         total = len(spec.concurrency)
         for index, concurrency in enumerate(spec.concurrency):
             if self.server.poll() is not None:
@@ -326,6 +329,7 @@ class HttpDeployment:
 
             one = spec.model_copy(update={"concurrency": [concurrency]})  # its SLOs go on the wall clock per attempt
             await asyncio.to_thread(recorder.mark_level, concurrency)
+            host_mark = await asyncio.to_thread(host.mark) if host is not None else None
             outcome = await self._level_in_time(one, report, on_progress)
             if outcome is None:  # interrupted (Ctrl-C) before the level finished
                 result.interrupted = True
@@ -333,6 +337,10 @@ class HttpDeployment:
             level, crashed, interrupted = outcome
             telemetry = await asyncio.to_thread(recorder.end_level, level.total_output_tokens)
             level = level.model_copy(update=energy_fields(telemetry, level.total_output_tokens))
+            if host is not None:  # what other processes took of this host's CPUs meanwhile (a real engine's run)
+                level = level.model_copy(
+                    update={"host_other_cores": await asyncio.to_thread(host.other_cores, host_mark)}
+                )
             if output_file is not None:  # the raw file holds what the ledger holds: the twin's (scaled) numbers
                 loadgen.append_jsonl(output_file, level)
             result.levels.append(level)

@@ -47,6 +47,8 @@ from agent.errors import PivotError
 from agent.store import Store
 from tools.method.objective import Objective, noise_pct, objective_for
 
+HOST_MOVED_CORES = 0.5  # other processes' CPU use (cores) that differs this much between two runs is a moved host
+OWN_SPREAD_FACTOR = 2.0  # a change's own runs' spread beyond this many bands replaces the band (own_band)
 SURPRISE_RUNS = 3  # runs before a change that contradicts its prediction is judged (see the module docstring)
 TWIN_MIN_PCT = 0.5  # the twin's own error on a change is never taken below this, whatever its record
 TWIN_RECORD = ("adopted", "no_gain", "regressed", "superseded")  # verdicts whose measured change is the twin's record
@@ -68,6 +70,19 @@ def engine_words(detail: str | None) -> str:
         return ""
     found = _STARTUP_WORDS.match(detail.strip())
     return (found.group("words") if found else detail).strip()
+
+
+def own_band(runs: list[float], band: float) -> tuple[float, str]:
+    """The band a change's runs are judged by: the session's, or their own spread when it is wider (a null control
+    measured at 473 and 221 tok/s is not a regression on a 4% band), with the words that say so. Their spread
+    counts once it is OWN_SPREAD_FACTOR times the band: runs that merely scatter as the baseline's do keep its band."""
+    own = noise_pct(runs) if len(runs) >= 2 else None
+    if own is None or own <= OWN_SPREAD_FACTOR * band:
+        return band, ""
+    return own, (
+        f"; its own {len(runs)} runs spread {own:.1f}%, wider than the session's {band:.1f}% band: judged against "
+        "their spread"
+    )
 
 
 def refused_text(e: m.Experiment) -> str:
@@ -507,11 +522,33 @@ class Method:
                 f", beyond the {band:.1f}% noise band on one run ({why_band}): a second run confirms it before it "
                 "becomes the bar (the band applies to the mean)"
             )
+        if suggestion == "rerun" and change <= -band:
+            return f", beyond the {band:.1f}% noise band on one run ({why_band}): measured again before the verdict"
         if suggestion in ("no_gain", "rerun"):
             return f", inside the {band:.1f}% noise band ({why_band})"
         if suggestion in ("adopted", "superseded"):
             return f", beyond the {band:.1f}% noise band ({why_band})"
         return ""
+
+    def _host_clause(self, e: m.Experiment, c: int) -> str:
+        """Words when other processes loaded this host differently during e's runs and its base's (a CPU engine
+        shares the cores with them: tools/hostload.py), else ''."""
+
+        def busy(x: m.Experiment | None) -> float | None:
+            values = [
+                lv.host_other_cores
+                for r in (self.runs.get(x.id or 0, []) if x is not None else [])
+                if (lv := r.level(c)) is not None and lv.host_other_cores is not None
+            ]
+            return sum(values) / len(values) if values else None
+
+        mine, theirs = busy(e), busy(self.experiment(e.base_experiment_id))
+        if mine is None or theirs is None or abs(mine - theirs) < HOST_MOVED_CORES:
+            return ""
+        return (
+            f"; other processes kept {mine:.1f} cores of this host busy during its runs against {theirs:.1f} during "
+            "its base's: the host's load moved, so part of this change may be the host's, not the flags'"
+        )
 
     def _baseline_judgement(self, e: m.Experiment, after: dict[int, list[float]], noise: float | None,
                             common: dict) -> Judgement:  # fmt: skip
@@ -574,6 +611,8 @@ class Method:
         a = sum(runs) / len(runs)
         # a base that met the objective nowhere (0 good req/s): any value above it is a gain beyond every band
         change = (a - b) / b * 100 if b > 0 else (100.0 if a > 0 else 0.0)
+        band, spread_note = own_band(runs, band)  # its own runs may disagree more than the baseline's
+        common["band_pct"] = band
         judged, combined = self.with_twin(e, change, len(runs), len(before_runs), band)
         best = self.best(e.workload)
         moved = (  # another change was adopted since e was launched on its base (an executor ran them side by side)
@@ -581,6 +620,9 @@ class Method:
         )
         surprise = self._surprise(e, change, band)
         suggestion = self._suggest(judged, band, len(runs), moved, surprise)
+        host_note = self._host_clause(e, c)
+        if host_note and suggestion in ("adopted", "regressed") and len(runs) < 2:
+            suggestion = "rerun"  # one run on a host whose load moved: measured again before the verdict
         n = self.objective.number
         measured = f"{n(a)}" if len(runs) == 1 else f"{n(a)}, mean of {len(runs)} runs: {', '.join(n(v) for v in runs)}"
         text = (
@@ -589,6 +631,8 @@ class Method:
                 f"{self.number(e.base_experiment_id)} -> {e.number})"
             )
             + combined
+            + spread_note
+            + host_note
             + self._verdict_clause(e, suggestion, surprise, change, judged, band, noise)
         )
         if suggestion == "superseded" and best is not None:
