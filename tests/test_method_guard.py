@@ -259,6 +259,13 @@ def test_a_bounded_retry_after_a_crash_under_load_is_the_one_exception(ledger):
     assert retry.id != crashed.id and "--max-running-requests 512" in str(retry.config)
     assert len(ledger.refusals()) == refused  # the capped retry itself ran
     assert ledger.store.servers(ledger.sid, running_only=True) == []  # the run's end stopped it
+    # the retry was cut before its benchmark (a cancel, Escape in the TUI): it is still the retry on offer, and runs
+    assert ledger.store.bench_results(retry.id) == []
+    ledger.run([capped, {"tool": "run_benchmark", "args": {}}])
+    assert len(ledger.refusals()) == refused, ledger.refusals()[-1:]
+    assert [e for e in ledger.store.experiments(ledger.sid) if ledger.store.bench_results(e.id)][-1].plan_items == [
+        "02"
+    ]
 
 
 def test_a_verdict_that_contradicts_the_numbers_is_refused(ledger):

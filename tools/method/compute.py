@@ -315,7 +315,9 @@ def _allowed(session: Session, method: Method, mv: Moves) -> None:
             items.add(it.id)
     mv.items, mv.profiles, mv.workload_baselines = frozenset(items), frozenset(profiles), frozenset(workloads)
     for it in scope:
-        last = next((e for e in reversed(method.experiments) if e.plan_items == [it.id] and e.kind == "change"), None)
+        last = next(  # the item's last launch that ran; a retry cut before its benchmark (a cancel) is not one
+            (e for e in reversed(method.experiments) if e.plan_items == [it.id] and search.launched(method, e)), None
+        )
         failed = method.failed_levels(last) if last is not None and last.verdict == "crashed" else []
         if failed and search.launches(method, it.id) <= 1:
             mv.retries[it.id] = min(failed)
