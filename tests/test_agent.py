@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -124,11 +123,8 @@ def answer_until_done(store: Store, paths: Paths, sid: str, answers: list[str]) 
 
 
 def test_demo_reaches_its_first_pivot_then_resume_goes_into_tier_2(pivot_home):
-    start = time.monotonic()
-    first = cli(pivot_home, "demo")
-    elapsed = time.monotonic() - start
+    first = cli(pivot_home, "demo")  # how fast it is: benchmarks/, not a timed test (a busy host must not fail it)
     assert first.returncode == 0, first.stderr
-    assert elapsed < 60
     sid = session_id(first.stdout)
     assert "question:" in first.stdout and f"pivot resume {sid} --answer" in first.stdout
     assert "->" in first.stderr  # progress while it ran

@@ -149,7 +149,7 @@ def test_a_crash_under_load_gives_a_failed_benchmark_with_its_reason_and_no_hang
         deployment.wait_ready(60)
         t0 = time.monotonic()
         result = deployment.benchmark(small_spec(1, 600, 700, random_input_len=8, random_output_len=64))
-        assert time.monotonic() - t0 < 30
+        assert time.monotonic() - t0 < 300  # a hang guard: the crash ends the sweep, it does not wait it out
     finally:
         deployment.stop()
     light, crash, after = result.levels
