@@ -52,6 +52,18 @@ def make_table(*columns: str) -> Table:
     return t
 
 
+def line_table(*columns: str, wide: str) -> Table:
+    """A borderless table of one line per row at any width: every cell cut with an ellipsis, the `wide` column
+    taking what the others leave (`pivot show`; --verbose gives the wrapping table)."""
+    t = _Table(box=None, expand=True)
+    for header in columns:
+        if header == wide:
+            t.add_column(header, no_wrap=True, overflow="ellipsis", ratio=1, min_width=12)
+        else:
+            t.add_column(header, no_wrap=True, overflow="ellipsis")
+    return t
+
+
 def warn(message: str) -> None:
     from rich.text import Text
 

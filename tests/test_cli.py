@@ -100,7 +100,14 @@ def test_sessions_and_show(store, small_plan, monkeypatch):
     ]
     assert data["pivots"][0]["options"] == ["Tier 2", "stop"] and data["locked_by_pid"] is None
 
-    text = run("show", "demo01").stdout
+    monkeypatch.setenv("COLUMNS", "80")
+    short = run("show", "demo01").stdout  # one line per todo and experiment, cut to the width
+    lines = [" ".join(line.split()) for line in short.splitlines()]
+    assert "[x] baseline" in lines and "[>] try 01 01" in lines
+    assert all(len(line) <= 80 for line in short.splitlines() if not line.startswith("  #")), short
+    monkeypatch.setenv("COLUMNS", "200")
+    assert "Experiments (" in short and "-v` for the whole text" in short, short
+    text = run("show", "demo01", "-v").stdout
     lines = [" ".join(line.split()) for line in text.splitlines()]
     assert "[x] baseline high" in lines and "[>] try 01 medium 01" in lines
     for expected in (

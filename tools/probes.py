@@ -21,8 +21,12 @@ if TYPE_CHECKING:
     from tools.search import Candidate, Surrogate
 
 
-def _launched(method: Method, e: m.Experiment) -> bool:
+def launched(method: Method, e: m.Experiment) -> bool:
+    """Whether change `e` launched and ran (measured, or crashed under its load); one cut before it ran did not."""
     return e.kind == "change" and (method.run_count(e) > 0 or e.verdict == "crashed")
+
+
+_launched = launched
 
 
 def own_launches(method: Method, item_id: str) -> int:

@@ -331,11 +331,6 @@ def noop_reason(issues: list[m.FlagIssue], item: m.PlanItem) -> str | None:
     return f"no launch: the engine accepts {', '.join(names)} but reads {'it' if len(names) == 1 else 'them'} nowhere (no-op; {what})"
 
 
-def launched(method: Method, e: m.Experiment) -> bool:
-    """Whether change `e` launched and ran (measured, or crashed under its load)."""
-    return _launched(method, e)
-
-
 def launches(method: Method, item_id: str) -> int:
     """Experiments that launched (measured or crashed) with the item in them."""
     return sum(1 for e in method.experiments if item_id in e.plan_items and _launched(method, e))

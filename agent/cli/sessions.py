@@ -9,7 +9,7 @@ import click
 
 from agent import models as m
 from agent.cli.base import Home, _when, cli, pass_home
-from agent.console import dump, make_table, out, print_json
+from agent.console import dump, line_table, make_table, out, print_json
 from agent.errors import PivotError
 from agent.store import Store
 
@@ -68,9 +68,24 @@ def unlock(home: Home, session_ref: str, force: bool) -> None:
     is_flag=True,
     help="With --json: fit the twin's target parameters to the measurements (seconds of simulation).",
 )
+@click.option("-v", "--verbose", is_flag=True, help="Whole reasons and pivots, wrapped (default: one line each).")
+@click.option(
+    "--experiment",
+    "experiment_no",
+    type=click.IntRange(min=1),
+    help="Show experiment N of the session whole: its flags, runs, verdict and reason.",
+)
 @pass_home
-def show(home: Home, session_ref: str, as_json: bool, fit: bool) -> None:
-    """Show a session: its todos, experiments with verdicts, and pivots."""
+def show(home: Home, session_ref: str, as_json: bool, fit: bool, verbose: bool, experiment_no: int | None) -> None:
+    """Show a session: its todos, experiments with verdicts, and pivots, one line each (cut with an ellipsis; -v
+    for the whole text, --experiment N for one experiment).
+
+    \b
+    Examples:
+      pivot show abc123
+      pivot show abc123 --experiment 7
+      pivot show abc123 --json | jq .experiments
+    """
     from tools.reports import Ledger
 
     store = home.store
@@ -81,12 +96,17 @@ def show(home: Home, session_ref: str, as_json: bool, fit: bool) -> None:
     if as_json:
         print_json(_show_json(store, session, experiments, change, ledger, fit))
         return
+    if experiment_no is not None:
+        _print_experiment(session, experiments, experiment_no, change, ledger)
+        return
     _print_head(store, session)
-    _print_todos(store.todos(session.id))
-    _print_experiments(experiments, change, ledger)
+    _print_todos(store.todos(session.id), verbose)
+    _print_experiments(experiments, change, ledger, verbose)
     _print_plan_changes(store.plan_changes(session.id))
-    _print_pivots(store.pivots(session.id))
+    _print_pivots(store.pivots(session.id), verbose)
     _print_documents(store.documents(session.id))
+    if not verbose:
+        out.print(f"\n(one line each: `pivot show {session.id} -v` for the whole text)", highlight=False)
 
 
 def _change_of(session: m.Session, experiments: list[m.Experiment]) -> Callable[[m.Experiment], str]:
@@ -163,8 +183,10 @@ def _lessons_json(store: Store, session: m.Session, fit: bool) -> dict[str, Any]
 def _print_head(store: Store, session: m.Session) -> None:
     t = session.target
     out.print(f"[bold]{session.name}[/] ({session.id}) - {session.status}", markup=True)
-    out.print(f"plan {session.plan.name}: {session.plan.title}")
-    out.print(f"target {t.model} on {session.hardware_text}, engine {session.engine}, model {session.model}")
+    width = max(out.width, 40)
+    out.print(_gist(f"plan {session.plan.name}: {session.plan.title}", width), highlight=False)
+    out.print(_gist(f"target {t.model} on {session.hardware_text}, engine {session.engine}, model {session.model}",
+                    width), highlight=False)  # fmt: skip
     out.print(f"created {_when(session.created_at)}, updated {_when(session.updated_at)}")
     if pid := store.session_lock(session.id):
         out.print(f"in use by pid {pid}")
@@ -174,21 +196,32 @@ def _print_head(store: Store, session: m.Session) -> None:
         out.print(usage_text(usage), highlight=False)
 
 
-def _print_todos(todos: list[m.Todo]) -> None:
+def _print_todos(todos: list[m.Todo], verbose: bool = True) -> None:
     out.print("\n[bold]Todos[/]", markup=True)
     if todos:
-        table = make_table("", "todo", "priority", "item")
+        table = make_table("", "todo", "priority", "item") if verbose else line_table("", "todo", "item", wide="todo")
         marks = {"pending": "[ ]", "in_progress": "[>]", "completed": "[x]", "cancelled": "[-]"}
         for todo in todos:
-            table.add_row(marks[todo.status], todo.content, todo.priority, todo.plan_item or "")
+            if verbose:
+                table.add_row(marks[todo.status], todo.content, todo.priority, todo.plan_item or "")
+            else:
+                table.add_row(marks[todo.status], todo.content, todo.plan_item or "")
         out.print(table)
     else:
         out.print("  (none)")
 
 
-def _print_experiments(experiments: list[m.Experiment], change: Callable[[m.Experiment], str], ledger: Any) -> None:
-    out.print("\n[bold]Experiments[/]", markup=True)
-    if experiments:
+def _print_experiments(experiments: list[m.Experiment], change: Callable[[m.Experiment], str], ledger: Any,
+                       verbose: bool = True) -> None:  # fmt: skip
+    out.print("\n[bold]Experiments[/] " + experiment_counts(experiments, ledger.runs), markup=True, highlight=False)
+    if experiments and not verbose:
+        table = line_table("#", "item", "change", "value @level", "verdict", "reason", wide="reason")
+        for e in experiments:
+            flags = change(e) if e.kind != "baseline" else "(baseline)"
+            table.add_row(str(e.number), "+".join(e.plan_items), _gist(flags, 22), ledger.figure_text(e),
+                          e.verdict or e.status, e.reason or "")  # fmt: skip
+        out.print(table)
+    elif experiments:
         table = make_table(
             "#", "item", "kind", "change", "status", "out tok/s @judged level (mean of runs)", "verdict", "reason"
         )
@@ -209,6 +242,51 @@ def _print_experiments(experiments: list[m.Experiment], change: Callable[[m.Expe
         out.print("  (none)")
 
 
+def experiment_counts(experiments: list[m.Experiment], runs: dict[int, int]) -> str:
+    """How many experiments ran and how many did not, apart: '(4 measured, 1 crashed, 3 predicted, 1 refused)'."""
+    counts: dict[str, int] = {}
+    for e in experiments:
+        if runs.get(e.id or 0):
+            what = "measured"
+        elif e.verdict == "predicted":
+            what = "predicted, not launched"
+        elif e.verdict == "crashed" or (e.status == "failed" and e.verdict != "ruled_out"):
+            what = "crashed or did not start"
+        elif e.verdict == "ruled_out" or e.failure:
+            what = "refused"
+        elif e.verdict == "not_measured":
+            what = "not measured"
+        else:
+            what = e.status  # planned, running, interrupted
+        counts[what] = counts.get(what, 0) + 1
+    return "(" + ", ".join(f"{n} {what}" for what, n in counts.items()) + ")" if counts else ""
+
+
+def _print_experiment(session: m.Session, experiments: list[m.Experiment], number: int,
+                      change: Callable[[m.Experiment], str], ledger: Any) -> None:  # fmt: skip
+    """One experiment whole: what it changed, how it ran, its numbers and its verdict's reason."""
+    e = next((x for x in experiments if x.number == number), None)
+    if e is None:
+        raise PivotError(f"session {session.id} has no experiment {number}",
+                         hint=f"it has {len(experiments)}: `pivot show {session.id}` lists them")  # fmt: skip
+    rows = [
+        ("experiment", f"{e.number} ({e.kind}{', item ' + '+'.join(e.plan_items) if e.plan_items else ''})"),
+        ("change", change(e) or "(none)"),
+        ("flags", str(e.config)),
+        ("status", e.status + (f" ({e.failure})" if e.failure else "")),
+        ("runs", str(ledger.runs.get(e.id or 0, 0))),
+        ("value", ledger.figure_text(e) or "-"),
+        ("verdict", e.verdict or "-"),
+        ("reason", e.reason or "-"),
+    ]
+    if e.failure_detail:
+        rows.append(("failure", e.failure_detail))
+    if e.predicted_change_pct is not None:
+        rows.append(("predicted", f"{e.predicted_change_pct:+.1f}% before launch"))
+    for key, value in rows:
+        out.print(f"{key:>10}  {value}", highlight=False)
+
+
 def _print_plan_changes(changes: list[m.PlanChange]) -> None:
     if changes:
         out.print("\n[bold]Plan changes[/]", markup=True)
@@ -218,13 +296,15 @@ def _print_plan_changes(changes: list[m.PlanChange]) -> None:
                 out.print(f"     {line}", highlight=False)
 
 
-def _print_pivots(pivots: list[m.Pivot]) -> None:
+def _print_pivots(pivots: list[m.Pivot], verbose: bool = True) -> None:
     out.print("\n[bold]Pivots[/]", markup=True)
+    width = max(out.width - 8, 30)
     if pivots:
-        for p in pivots:
-            out.print(f"  #{p.id} {p.question}")
+        for number, p in enumerate(pivots, 1):
+            whole = verbose or p.answer is None  # the open pivot's question is read whole: it is asked now
+            out.print(f"  #{number} " + (p.question if whole else _gist(p.question, width)), highlight=False)
             for i, option in enumerate(p.options, start=1):
-                out.print(f"     {i}. {option}")
+                out.print(f"     {i}. " + (option if verbose else _gist(option, width - 3)), highlight=False)
             out.print(f"     answer: {p.answer}" if p.answer is not None else "     (waiting for an answer)")
     else:
         out.print("  (none)")
@@ -234,4 +314,4 @@ def _print_documents(documents: list[m.Document]) -> None:
     if documents:
         out.print("\n[bold]Documents[/]", markup=True)
         for d in documents:
-            out.print(f"  {d.path}  {d.status}")
+            out.print(_gist(f"  {d.path}  {d.status}", max(out.width, 40)), highlight=False)

@@ -23,6 +23,7 @@ from tools.method.moves import (
 )
 from tools.method.offers import offers
 from tools.method.reading import Method
+from tools.probes import launched
 
 RERUN = "a rerun adds a run"
 
@@ -316,7 +317,7 @@ def _allowed(session: Session, method: Method, mv: Moves) -> None:
     mv.items, mv.profiles, mv.workload_baselines = frozenset(items), frozenset(profiles), frozenset(workloads)
     for it in scope:
         last = next(  # the item's last launch that ran; a retry cut before its benchmark (a cancel) is not one
-            (e for e in reversed(method.experiments) if e.plan_items == [it.id] and search.launched(method, e)), None
+            (e for e in reversed(method.experiments) if e.plan_items == [it.id] and launched(method, e)), None
         )
         failed = method.failed_levels(last) if last is not None and last.verdict == "crashed" else []
         if failed and search.launches(method, it.id) <= 1:
