@@ -127,6 +127,7 @@ def test_demo_reaches_its_first_pivot_then_resume_goes_into_tier_2(pivot_home):
     assert first.returncode == 0, first.stderr
     sid = session_id(first.stdout)
     assert "question:" in first.stdout and f"pivot resume {sid} --answer" in first.stdout
+    assert "best: nothing has beaten the baseline yet (experiment 1," in first.stdout  # said, not left to guess
     assert "->" in first.stderr  # progress while it ran
 
     with Store(Paths.from_env(pivot_home).db_path) as store:

@@ -167,12 +167,47 @@ def _install_signals() -> None:
     install_signal_handlers()
 
 
+def best_line(session: Session) -> str | None:
+    """Where the campaign stands, in one line: the best configuration against the baseline, or that nothing has
+    beaten the baseline yet (None before the baseline is measured)."""
+    from tools.method.reading import Method
+
+    try:
+        method = Method.read(session.store, session.id)
+    except PivotError:
+        return None
+    base, best = method.baseline(), method.best()
+    if base is None or best is None:
+        return None
+    values, n = method.ok_values(base), method.objective.number
+    if not values:
+        return None
+    top = max(values)
+    b = sum(values[top]) / len(values[top])
+    if best.id == base.id:
+        return (
+            f"best: nothing has beaten the baseline yet (experiment {base.number}, {n(b)} {method.objective.at(top)})"
+        )
+    after = method.ok_values(best).get(top) or []
+    if not after:
+        return f"best: experiment {best.number} ({'+'.join(best.plan_items) or 'a change'})"
+    a = sum(after) / len(after)
+    pct = f" ({(a - b) / b * 100:+.1f}%)" if b > 0 else ""
+    items = "+".join(best.plan_items) or "a change"
+    return (
+        f"best: experiment {best.number} ({items}), {n(a)} {method.objective.at(top)} against the baseline's {n(b)}"
+        f"{pct}"
+    )
+
+
 def _report(session: Session, outcome: Any, as_json: bool) -> None:
+    best = best_line(session)
     if as_json:
         print_json(
             {
                 "session": session.id,
                 "status": outcome.status,
+                "best": best,
                 "message": outcome.message,
                 "summary": outcome.summary_path,
                 "question": outcome.pivot.question if outcome.pivot else None,
@@ -186,6 +221,8 @@ def _report(session: Session, outcome: Any, as_json: bool) -> None:
     if outcome.status == "pivot" and outcome.pivot is not None:
         p = outcome.pivot
         out.print(f"pivot: session {session.id} stopped at a pivot point.", highlight=False)
+        if best:
+            out.print(best, highlight=False)
         if outcome.summary_path:
             out.print(f"summary: {session.paths.home / outcome.summary_path}", highlight=False)
         out.print(f"question: {printable(p.question)}", highlight=False, soft_wrap=True)
@@ -199,6 +236,8 @@ def _report(session: Session, outcome: Any, as_json: bool) -> None:
     if outcome.status == "failed":  # the model failed: one line and a hint, the session left resumable
         raise PivotError(outcome.message, hint=outcome.hint)
     out.print(f"{outcome.status}: {printable(outcome.message)}", highlight=False, soft_wrap=True)
+    if best:
+        out.print(best, highlight=False)
     if outcome.status == "stopped":
         raise SystemExit(1)
 
