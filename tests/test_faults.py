@@ -589,15 +589,16 @@ def test_11_answers_are_quoted_shortened_and_escaped_in_later_questions(paths):
     with Store(paths.db_path) as store:
         (session,) = store.list_sessions()
     long_answer = "\x1b[2J\x1b]0;owned\x07" + "please try something clever " * 400  # 11 KB and escape sequences
-    for _ in range(2):  # a second unclear answer must not nest the first one's quote
+    with Store(paths.db_path) as store:
+        asked = store.open_pivot(session.id).question
+    for _ in range(2):  # refused, one line, nothing recorded: the question stays as it was asked
         proc = pivot_here("resume", session.id, "--answer", long_answer)
-        assert proc.returncode == 0, proc.stderr
+        assert proc.returncode == 1, proc.stderr
         assert "\x1b" not in proc.stdout + proc.stderr and "\x07" not in proc.stdout + proc.stderr
-        assert "\\x1b[2J" in proc.stdout  # shown, escaped, not executed
+        assert "\\x1b[2J" in proc.stderr and "I did not understand" in proc.stderr  # shown, escaped, not executed
+        assert len(proc.stderr) < 2000, len(proc.stderr)
         with Store(paths.db_path) as store:
-            question = store.open_pivot(session.id).question
-        assert "I did not understand" in question and len(question) < 1000, len(question)
-        assert question.count("I did not understand") == 1
+            assert store.open_pivot(session.id).question == asked
 
 
 def test_2_sim_http_says_not_simulable_too(tmp_path):

@@ -125,7 +125,9 @@ def test_bad_goodput_is_one_line():
     assert result.exit_code == 1
     assert "unknown SLO 'itl'" in result.stderr and "Traceback" not in result.output
     result = CliRunner().invoke(cli, ["bench", "--base-url", "http://127.0.0.1:9", "tpot:5"])
-    assert result.exit_code == 1 and "SLO pairs follow --goodput" in result.stderr
+    assert result.exit_code == 1 and "--slo ttft:500,tpot:50" in result.stderr
+    result = CliRunner().invoke(cli, ["bench", "--base-url", "http://127.0.0.1:9", "--slo", "ttft:500,itl:5"])
+    assert result.exit_code == 1 and "unknown SLO 'itl'" in result.stderr  # one spelling with `pivot run`'s
 
 
 # ---------------------------------------------------------------------------------------------- the twin, imports

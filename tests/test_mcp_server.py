@@ -67,6 +67,8 @@ async def test_a_client_runs_a_plan_to_its_first_pivot_over_stdio_and_answers_it
         assert summary.startswith("# Status 001") and first["question"] in summary
         assert Path(first["summary_path"]).read_text() == summary
 
+        with pytest.raises(ToolError, match="did not understand 'banana'"):  # refused: the question is kept
+            await client.call_tool("answer_pivot", {"session": sid, "answer": "banana"})
         second = (await client.call_tool("answer_pivot", {"session": sid, "answer": "1"})).structured_content
         assert second["status"] == "pivot" and second["question"] != first["question"]
         assert "07 Expert parallelism EP8 crashed" in second["question"]  # the seeds' Tier 2, as the CLI runs it

@@ -273,13 +273,14 @@ BENCH_OPTIONS: list[Callable[[Any], Any]] = [
         help="Append one JSON line per level, with bench_serving's keys.",
     ),
     click.option(
+        "--slo",
         "--goodput",
         "goodput",
         multiple=True,
-        metavar="METRIC:MS",
-        help="SLOs per request in ms, as SGLang's benchmark takes them: --goodput ttft:500 tpot:50 e2el:20000 (or "
-        "ttft:500,tpot:50). Each level then reports request goodput, SLO attainment (overall and per SLO) and token "
-        "goodput; a request is good when it succeeded and met every SLO given.",
+        metavar="METRIC:MS,...",
+        help="SLOs per request in ms, as every pivot command takes them: --slo ttft:500,tpot:50,e2el:20000 (SGLang's "
+        "spelling, --goodput ttft:500 tpot:50, is accepted too). Each level then reports request goodput, SLO "
+        "attainment (overall and per SLO) and token goodput; a request is good when it succeeded and met every SLO.",
     ),
     click.option("--json", "as_json", is_flag=True, help="Print only a JSON array of levels on stdout."),
     click.option(
@@ -323,7 +324,7 @@ def split_slos(goodput: tuple[str, ...], rest: tuple[str, ...]) -> tuple[dict[st
         return parse_slos(pairs), tuple(rest_list)
     except ValueError as e:
         raise PivotError(
-            f"bad --goodput: {e}", hint="write SLOs in ms as SGLang does: --goodput ttft:500 tpot:50"
+            f"bad --slo: {e}", hint="write SLOs in ms: --slo ttft:500,tpot:50 (or SGLang's --goodput ttft:500 tpot:50)"
         ) from e
 
 
@@ -361,9 +362,7 @@ def bench(
     --goodput, SGLang's goodput keys and pivot's token goodput)."""
     slos, extra = split_slos(goodput, slo_pairs)
     if extra:
-        raise PivotError(
-            f"unexpected argument {extra[0]!r}", hint="SLO pairs follow --goodput, e.g. --goodput ttft:500 tpot:50"
-        )
+        raise PivotError(f"unexpected argument {extra[0]!r}", hint="SLOs are written --slo ttft:500,tpot:50")
     try:
         levels = parse_levels(concurrency) if concurrency is not None else None
     except ValidationError as e:  # parse_levels checks with BenchSpec's own validator

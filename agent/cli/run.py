@@ -621,6 +621,10 @@ def resume(
             out.print(f"session {session.id} is finished; give --answer to go on (an item id to test it again).")
             return
         open_pivot = home.store.open_pivot(session.id)
+        if open_pivot is not None and answer is not None:  # a non-answer is refused: the question stays as asked
+            from tools.method.answers import check_answer
+
+            check_answer(answer, open_pivot, session.plan, session.id)
         if open_pivot is not None and answer is None:
             _report(
                 session,

@@ -87,9 +87,9 @@ def build_twin(model_profile: str, hardware: str, gpus: int, flags: tuple[str, .
 @click.option("--noise", type=NOISE, default=0.0, show_default=True, help="Run-to-run variation (0.02 = about 2%).")
 @click.option("--request-rate", type=field_number(m.BenchSpec, "request_rate", allow_inf=True),
               help="Requests per second, Poisson arrivals (default inf: all at once).")  # fmt: skip
-@click.option("--goodput", multiple=True, metavar="METRIC:MS",
-              help="SLOs per request in ms, as SGLang's benchmark takes them: --goodput ttft:500 tpot:50 (adds "
-                   "request goodput, SLO attainment overall and per SLO, and token goodput per level).")  # fmt: skip
+@click.option("--slo", "--goodput", "goodput", multiple=True, metavar="METRIC:MS,...",
+              help="SLOs per request in ms: --slo ttft:500,tpot:50 (SGLang's --goodput ttft:500 tpot:50 is accepted "
+                   "too); adds request goodput, SLO attainment overall and per SLO, and token goodput per level.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print only a JSON array of levels on stdout.")
 @click.argument("flags", nargs=-1, type=click.UNPROCESSED)
 def predict(model_profile, hardware, gpus, levels, input_len, output_len, range_ratio, num_prompts, seed, noise,

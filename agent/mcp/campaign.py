@@ -106,6 +106,11 @@ async def run_step(paths: Paths, store: Store, session_id: str, *, answer: str |
     pump = ProgressPump(report)
     try:
         await anyio.to_thread.run_sync(controller.open, session_id)  # reaps a killed run's servers: may wait
+        if answer is not None and (pivot := store.open_pivot(session_id)) is not None:
+            from tools.method.answers import check_answer
+
+            record = store.get_session(session_id)  # a non-answer is refused: the question stays as asked
+            check_answer(answer, pivot, record.plan, record.id)
         controller.attach(pump.sink)
         step = asyncio.ensure_future(controller.step(answer=answer))
         try:

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from agent import models as m
+from agent.errors import PivotError
 from agent.text import quote
 
 if TYPE_CHECKING:
@@ -78,6 +79,17 @@ def interpret(answer: str, options: list[str], plan: m.Plan) -> tuple[str, str |
         if best[0] > 0 and best[0] > second[0] and best[0] * 2 >= len(significant):
             return "item", best[1]
     return "unclear", None
+
+
+def check_answer(answer: str, pivot: m.Pivot, plan: m.Plan, session_id: str) -> None:
+    """Refuse an answer no reading understands (PivotError, nothing recorded): the open pivot keeps its question, and
+    the caller (`pivot resume --answer`, MCP's answer_pivot) exits with an error instead of asking again."""
+    if interpret(answer, pivot.options, plan)[0] != "unclear":
+        return
+    raise PivotError(
+        f"I did not understand {quote(answer)} as an answer to the open pivot: nothing was recorded",
+        hint=f"{understood(pivot.options, plan)} e.g. `pivot resume {session_id} --answer 1`",
+    )
 
 
 def understood(options: list[str], plan: m.Plan) -> str:
