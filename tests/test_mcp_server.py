@@ -18,6 +18,7 @@ from fastmcp import Client
 from fastmcp.client.transports import StdioTransport
 from fastmcp.exceptions import ToolError
 
+from agent import models as m
 from agent.mcp.server import build_server
 from agent.store import Store
 from tests.procs import gone
@@ -67,6 +68,9 @@ async def test_a_client_runs_a_plan_to_its_first_pivot_over_stdio_and_answers_it
         assert summary.startswith("# Status 001") and first["question"] in summary
         assert Path(first["summary_path"]).read_text() == summary
 
+        from agent import __version__
+
+        assert client.server_info.version == __version__  # pivot's, not the MCP library's
         with pytest.raises(ToolError, match="did not understand 'banana'"):  # refused: the question is kept
             await client.call_tool("answer_pivot", {"session": sid, "answer": "banana"})
         second = (await client.call_tool("answer_pivot", {"session": sid, "answer": "1"})).structured_content
@@ -102,6 +106,13 @@ async def test_reads_the_twin_audit_and_errors_in_process(store, paths):
         with pytest.raises(Exception, match="no session"):
             await client.read_resource("pivot://sessions/nosuch/status")
         assert (await client.call_tool("list_sessions")).structured_content["result"] == []
+        with pytest.raises(ToolError, match="unknown SLO 'itl'"):  # checked before anything is recorded
+            await client.call_tool("start_campaign", {"plan": DEMO, "objective": "goodput", "slo": "itl:5"})
+        assert (await client.call_tool("list_sessions")).structured_content["result"] == []
+        out = (await client.call_tool("start_campaign", {"plan": DEMO, "objective": "goodput",
+                                                         "slo": "ttft:1,tpot:1"})).structured_content  # fmt: skip
+        assert out["status"] == "pivot" and "gives 0 for the objective" in out["question"]
+        assert store.get_session(out["session"]).plan.objective == m.Objective(kind="goodput", ttft_ms=1, tpot_ms=1)
 
 
 async def test_a_cancel_stops_the_server_and_the_session_resumes(store, paths):

@@ -10,7 +10,7 @@ loop, guard and autopilot run. Status summaries and documents are resources (`pi
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import anyio
 from fastmcp import Context, FastMCP
@@ -53,7 +53,10 @@ async def _in_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 def build_server(paths: Paths, store: Store) -> Any:
     """The MCP server over one pivot home (its ledger and documents)."""
-    server = FastMCP("pivot", instructions=INSTRUCTIONS, mask_error_details=False)
+    from agent import __version__
+
+    # the server names pivot's version to clients (initialize's serverInfo), not the MCP library's
+    server = FastMCP("pivot", instructions=INSTRUCTIONS, version=__version__, mask_error_details=False)
     _plan_tools(server)
     _campaign_tools(server, paths, store)
     _session_tools(server, paths, store)
@@ -106,6 +109,13 @@ def _campaign_tools(server: Any, paths: Paths, store: Store) -> None:
         ] = None,
         seed: int = 0,
         min_gain_pct: Annotated[float, Field(ge=0, description="The least gain adopted (and beyond the noise)")] = 3.0,
+        objective: Annotated[
+            Literal["throughput", "goodput", "capacity", "energy"] | None,
+            Field(description="What to optimize (default: the plan's [objective], else throughput, output tok/s)"),
+        ] = None,
+        slo: Annotated[
+            str | None, Field(description="SLOs per request in ms, as `pivot run --slo` takes them: ttft:500,tpot:50")
+        ] = None,
     ) -> CampaignOutcome:
         """Start a session on a plan and run pivot's agent until its first pivot, as `pivot run PLAN` does: it writes
         the improvement documents, measures the baseline twice, works through Tier 1 and stops with a status summary
@@ -113,7 +123,9 @@ def _campaign_tools(server: Any, paths: Paths, store: Store) -> None:
         resumable. Answer with answer_pivot."""
         try:
             session_id = await anyio.to_thread.run_sync(
-                lambda: _create(paths, store, plan, engine, name, noise, concurrency, model, seed, min_gain_pct)
+                lambda: _create(
+                    paths, store, plan, engine, name, noise, concurrency, model, seed, min_gain_pct, objective, slo
+                )
             )
         except PivotError as e:
             raise _tool_error(e) from e
@@ -152,8 +164,11 @@ def _create(
     model: str | None,
     seed: int,
     min_gain_pct: float,
+    objective: str | None = None,
+    slo: str | None = None,
 ) -> str:
-    """Record a new session as `pivot run` would (checked first: the plan, the engine, the model's key)."""
+    """Record a new session as `pivot run` would (checked first: the plan, the engine, the model's key, the
+    objective and its SLOs)."""
     from agent import loop
     from agent.contracts import engine_names
     from agent.defaults import default_model, session_settings
@@ -161,6 +176,8 @@ def _create(
     from agent.session import Session
 
     plan = load_plan(plan_ref)
+    if objective is not None or slo is not None:
+        plan = plan.with_objective(_objective(plan.objective, objective, slo))
     if engine not in engine_names():
         raise PivotError(f"no engine {engine!r}", hint=f"installed: {', '.join(engine_names())}")
     if concurrency:
@@ -178,6 +195,20 @@ def _create(
     with Session.create(store, paths, plan, name=name or plan.name, engine_name=engine, model=model_name,
                         settings=settings) as session:  # fmt: skip
         return session.id
+
+
+def _objective(base: m.Objective, kind: str | None, slo: str | None) -> m.Objective:
+    """The plan's objective with start_campaign's objective and SLOs, as `pivot run --objective --slo` builds it."""
+    from pydantic import ValidationError
+
+    try:
+        slos = m.parse_slos([slo]) if slo else None
+        return m.Objective.build(kind, slos, base)
+    except ValidationError as e:
+        raise PivotError(f"bad objective: {e.errors()[0]['msg'].removeprefix('Value error, ')}",
+                         hint="e.g. objective='goodput', slo='ttft:500,tpot:50' (SLOs in ms)") from e  # fmt: skip
+    except ValueError as e:
+        raise PivotError(f"bad slo: {e}", hint="write SLOs in ms: ttft:500,tpot:50") from e
 
 
 def _session_tools(server: Any, paths: Paths, store: Store) -> None:
