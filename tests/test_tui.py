@@ -409,3 +409,13 @@ async def test_escape_on_sim_http_stops_the_server_process(store: Store, paths: 
         assert store.servers(sid, running_only=True) == []
         assert not Path(f"/proc/{server.pid}").exists() or "zombie" in Path(f"/proc/{server.pid}/status").read_text()
         assert store.get_session(sid).status == "stopped"
+
+
+def test_trace_lines_say_things_once_and_cut_at_words():
+    assert view.short("a reason that ends at concurrency 2048", 36) == "a reason that ends at concurrency…"  # not "20…"
+    _, predicted = view.result_text("record_verdict", {"experiment_id": 4, "verdict": "predicted",
+                                                       "reason": "predicted: +0.0% inside the band"})  # fmt: skip
+    assert predicted == "exp 4: predicted: +0.0% inside the band"
+    _, report = view.result_text("investigate", {"investigation_id": 2, "status": "done", "report": "Experiment 7 "
+                                                 "crashed under load.\nWhat to try: cap it.", "tools_used": []})  # fmt: skip
+    assert report.startswith("investigation 2 done: Experiment 7 crashed under load.") and "{" not in report

@@ -227,7 +227,8 @@ def record_verdict(
         j = method.judge(e)
         if verdict != "predicted":
             e = store.update_experiment(e.model_copy(update={"verdict": verdict, "reason": e.reason or reason.strip()}))
-        session.emit("tool_result", f"item {plan_item}: {verdict}, not launched: {e.reason}")
+        why = (e.reason or "").removeprefix("not launched: ")  # the reason says it already: not twice
+        session.emit("tool_result", f"item {plan_item}: {verdict}, not launched: {why}")
         return VerdictRecord(
             experiment_id=e.id or 0, plan_item=e.plan_item, verdict=verdict, reason=e.reason or "", judgement=j
         )

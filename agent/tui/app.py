@@ -86,6 +86,7 @@ class PivotApp(App[None]):
         self.last_elapsed: float | None = None
         self.activity = ""
         self.server_state = "no server"
+        self.step_had_server = False
         self.power: dict[int, deque[float]] = {}
         self.power_top: float | None = None
         self.power_stamp: tuple[Any, Any] | None = None
@@ -180,6 +181,7 @@ class PivotApp(App[None]):
         await self.query_one(PivotPanel).show(None, None)
         self.query_one("#prompt").remove_class("hidden")
         self.started_at, self.activity, self.cancelling = self.clock(), "", False
+        self.step_had_server = False  # whether this step's cancel stops a server (the notice says so only then)
         self.step_worker = self.run_step(answer)
         self._show_status()
         self.refresh_bindings()
@@ -204,7 +206,8 @@ class PivotApp(App[None]):
             if outcome.status != "pivot":
                 await log.add(view.outcome_entry(outcome.status, outcome.message))
         elif event.state == WorkerState.CANCELLED:
-            await log.add(view.Entry("notice", "cancelled: the server is stopped; ctrl+g (or a message) goes on"))
+            stopped = "the server is stopped; " if self.step_had_server else "no server was running; "
+            await log.add(view.Entry("notice", f"cancelled: {stopped}ctrl+g (or a message) goes on"))
         elif event.state == WorkerState.ERROR:
             error = event.worker.error
             text = (
@@ -336,6 +339,8 @@ class PivotApp(App[None]):
 
     def on_server_reading(self, message: ServerReading) -> None:
         self.server_state = message.state
+        if self.started_at is not None:
+            self.step_had_server = True
         t = message.telemetry
         stamp = (t.max_concurrency, t.finished_at) if t is not None else None
         if stamp is not None and stamp != (None, None) and stamp == self.power_stamp:
@@ -366,6 +371,7 @@ class PivotApp(App[None]):
             state = "no session"
         else:
             status = self.board.status if self.board else session.record.status
+            status = "running" if self.started_at is not None else status  # a step runs: not the stored status
             state = f"{session.id} {status} · {self.server_state} · {self._elapsed()}"
         activity = self.activity if session is not None and self.started_at is not None else ""
         power = ""

@@ -57,8 +57,12 @@ class Board:
 
 
 def short(text: str, width: int) -> str:
+    """`text` on one line within `width`, cut at a word (a number is never cut into another: 2048 is not "20…")."""
     text = " ".join(str(text).split())
-    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+    if len(text) <= width:
+        return text
+    cut = text[: max(width - 1, 0)]
+    return (cut.rsplit(" ", 1)[0] if " " in cut else cut) + "…"
 
 
 def _plain(content: Any) -> Any:
@@ -132,7 +136,14 @@ def result_text(tool: str, content: Any) -> tuple[str | None, str]:
         noop = f" (no-op: {', '.join(data['noop_flags'])})" if data.get("noop_flags") else ""
         return None, f"ok{noop}"
     if tool == "record_verdict" and "verdict" in data:
-        return None, f"exp {data.get('experiment_id')}: {data['verdict']}: {short(data.get('reason', ''), 80)}"
+        reason = str(data.get("reason", ""))
+        if reason.startswith(f"{data['verdict'].replace('_', ' ')}: "):  # "not launched: ..." after "not launched"
+            reason = reason.split(": ", 1)[1]
+        return None, f"exp {data.get('experiment_id')}: {data['verdict']}: {short(reason, 80)}"
+    if tool == "investigate" and "report" in data:  # an InvestigationReport: its first words, not its JSON
+        return None, (
+            f"investigation {data.get('investigation_id')} {data.get('status', '')}: {short(data['report'], 100)}"
+        )
     if "path" in data and "status" in data:  # a DocumentRef: its file name (the folder is the session's)
         return None, f"{str(data['path']).rsplit('/', 1)[-1]} ({data['status']})"
     if "todos" in data and "pending" in data:  # a TodoList
