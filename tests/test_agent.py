@@ -513,3 +513,19 @@ workload = { random_output_len = 512 }""",
     assert len(change) == 1 and change[0].base_experiment_id == base[0].id and change[0].verdict is not None
     plan_base = [e for e in exps if e.kind == "baseline" and e.workload.random_output_len == 128]
     assert len(plan_base) == 1  # the plan's own baseline is not the one item 02 is compared with
+
+
+def test_a_script_tells_a_pivot_from_the_end_and_reads_the_experiments_as_csv(pivot_home):
+    import csv
+    import io
+
+    first = cli(pivot_home, "demo", "--detailed-exitcode")
+    assert first.returncode == 3, first.stderr  # waiting at a pivot (without the flag: 0, a success)
+    sid = session_id(first.stdout)
+    shown = cli(pivot_home, "show", sid, "--csv")
+    assert shown.returncode == 0, shown.stderr
+    rows = list(csv.DictReader(io.StringIO(shown.stdout)))
+    assert rows[0]["kind"] == "baseline" and int(rows[0]["runs"]) == 2 and float(rows[0]["value"]) > 0
+    assert rows[0]["unit"] == "output tok/s" and {r["verdict"] for r in rows} >= {"baseline", "predicted"}
+    stopped = cli(pivot_home, "resume", sid, "--answer", "stop", "--detailed-exitcode")
+    assert stopped.returncode == 0, stopped.stderr  # finished: 0

@@ -100,7 +100,21 @@ HOME_HELP = "Where state/ (the ledger, logs) and docs_out/ live. Default: $PIVOT
 @click.option("--home", envvar="PIVOT_HOME", type=click.Path(file_okay=False), help=HOME_HELP)
 @click.pass_context
 def cli(ctx: click.Context, home: str | None) -> None:
-    """pivot: an optimization assistant for LLM inference serving."""
+    """pivot: an optimization assistant for LLM inference serving.
+
+    \b
+    Start here:
+      pivot demo                      the seeds' campaign on the digital twin, no GPU
+      pivot resume SESSION --answer 1 answer its pivot and go on
+      pivot show SESSION              where a session stands, one line per experiment
+      pivot chat                      the terminal UI
+
+    \b
+    Exit codes: 0 the command did what was asked (a campaign stopped at a pivot
+    included: --detailed-exitcode makes that 3), 1 an error (a refused answer
+    included), 2 a usage error, 130 interrupted (Ctrl-C).
+    Shell completion: eval "$(_PIVOT_COMPLETE=bash_source pivot)" (zsh_source, fish_source).
+    """
     ctx.obj = Home(Paths.from_env(home))
 
 

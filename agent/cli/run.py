@@ -100,7 +100,7 @@ def _start(
     with session:
         _install_signals()
         outcome = _run_loop(session)
-    _report(session, outcome, method["as_json"])
+    _report(session, outcome, method["as_json"], method.get("detailed_exitcode", False))
 
 
 def _record_profiles(session: Session) -> None:
@@ -200,7 +200,23 @@ def best_line(session: Session) -> str | None:
     )
 
 
-def _report(session: Session, outcome: Any, as_json: bool) -> None:
+EXIT_PIVOT = 3  # --detailed-exitcode: the campaign waits at a pivot (0: finished; 1: an error; 2: a usage error)
+DETAILED_EXITCODE = click.option(
+    "--detailed-exitcode",
+    "detailed_exitcode",
+    is_flag=True,
+    help=f"Exit {EXIT_PIVOT} when the campaign stops at a pivot, 0 only when it finished (for scripts; without it a "
+    "stop at a pivot is a success, 0).",
+)
+
+
+def _report(session: Session, outcome: Any, as_json: bool, detailed: bool = False) -> None:
+    _show_outcome(session, outcome, as_json)
+    if detailed and outcome.status == "pivot":
+        raise SystemExit(EXIT_PIVOT)
+
+
+def _show_outcome(session: Session, outcome: Any, as_json: bool) -> None:
     best = best_line(session)
     if as_json:
         print_json(
@@ -387,6 +403,7 @@ def _method_options(f: Any) -> Any:
             *mcp_options(),
             click.option("--quiet", "-q", is_flag=True, help="No progress on stderr (warnings only)."),
             click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON on stdout."),
+            DETAILED_EXITCODE,
         ]
     ):
         f = decorator(f)
@@ -576,6 +593,7 @@ def _mcp_options_for_resume(f: Any) -> Any:
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr (warnings only).")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON on stdout.")
+@DETAILED_EXITCODE
 @_executor_options_for_resume
 @_mcp_options_for_resume
 @click.pass_context
@@ -587,6 +605,7 @@ def resume(
     plan_ref: str | None,
     quiet: bool,
     as_json: bool,
+    detailed_exitcode: bool,
     ray: str | None,
     parallel: int | None,
     ray_gpus: int | None,
@@ -630,6 +649,7 @@ def resume(
                 session,
                 loop.RunOutcome("pivot", open_pivot.question, pivot=open_pivot, summary_path=open_pivot.summary_path),
                 as_json,
+                detailed_exitcode,
             )
             return
         loop.resolve_model(session)
@@ -637,4 +657,4 @@ def resume(
         _resume_executor(session, ray, parallel, ray_gpus)
         _install_signals()
         outcome = _run_loop(session, answer=answer)
-    _report(session, outcome, as_json)
+    _report(session, outcome, as_json, detailed_exitcode)

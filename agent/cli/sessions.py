@@ -69,6 +69,7 @@ def unlock(home: Home, session_ref: str, force: bool) -> None:
     help="With --json: fit the twin's target parameters to the measurements (seconds of simulation).",
 )
 @click.option("-v", "--verbose", is_flag=True, help="Whole reasons and pivots, wrapped (default: one line each).")
+@click.option("--csv", "as_csv", is_flag=True, help="Print the experiments as CSV on stdout (one row each).")
 @click.option(
     "--experiment",
     "experiment_no",
@@ -76,7 +77,8 @@ def unlock(home: Home, session_ref: str, force: bool) -> None:
     help="Show experiment N of the session whole: its flags, runs, verdict and reason.",
 )
 @pass_home
-def show(home: Home, session_ref: str, as_json: bool, fit: bool, verbose: bool, experiment_no: int | None) -> None:
+def show(home: Home, session_ref: str, as_json: bool, fit: bool, verbose: bool, as_csv: bool,
+         experiment_no: int | None) -> None:  # fmt: skip
     """Show a session: its todos, experiments with verdicts, and pivots, one line each (cut with an ellipsis; -v
     for the whole text, --experiment N for one experiment).
 
@@ -85,6 +87,7 @@ def show(home: Home, session_ref: str, as_json: bool, fit: bool, verbose: bool, 
       pivot show abc123
       pivot show abc123 --experiment 7
       pivot show abc123 --json | jq .experiments
+      pivot show abc123 --csv > experiments.csv
     """
     from tools.reports import Ledger
 
@@ -95,6 +98,9 @@ def show(home: Home, session_ref: str, as_json: bool, fit: bool, verbose: bool, 
     ledger = Ledger.read(store, session.id)
     if as_json:
         print_json(_show_json(store, session, experiments, change, ledger, fit))
+        return
+    if as_csv:
+        _print_csv(store, experiments, change, ledger)
         return
     if experiment_no is not None:
         _print_experiment(session, experiments, experiment_no, change, ledger)
@@ -240,6 +246,34 @@ def _print_experiments(experiments: list[m.Experiment], change: Callable[[m.Expe
         out.print(table)
     else:
         out.print("  (none)")
+
+
+CSV_COLUMNS = ("number", "items", "kind", "change", "status", "failure", "runs", "concurrency", "value", "unit",
+               "verdict", "predicted_change_pct", "reason")  # fmt: skip
+
+
+def _print_csv(store: Store, experiments: list[m.Experiment], change: Callable[[m.Experiment], str],
+               ledger: Any) -> None:  # fmt: skip
+    """The experiments as CSV (the objective's value at the judged level, the mean of its runs)."""
+    import csv
+    import sys
+
+    from tools.method.objective import objective_for
+
+    objective = objective_for(ledger.plan)
+    writer = csv.writer(sys.stdout, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for e in experiments:
+        values: dict[int, list[float]] = {}
+        for result in store.bench_results(e.id or 0):
+            for c, v in objective.value_of_run(result).items():
+                values.setdefault(c, []).append(v)
+        top = max(values) if values else None
+        value = round(sum(values[top]) / len(values[top]), 4) if top is not None else None
+        writer.writerow([e.number, "+".join(e.plan_items), e.kind, change(e), e.status, e.failure or "",
+                         ledger.runs.get(e.id or 0, 0), top or "", "" if value is None else value,
+                         objective.unit, e.verdict or "", "" if e.predicted_change_pct is None else
+                         e.predicted_change_pct, e.reason or ""])  # fmt: skip
 
 
 def experiment_counts(experiments: list[m.Experiment], runs: dict[int, int]) -> str:
