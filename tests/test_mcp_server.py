@@ -182,3 +182,23 @@ async def test_http_serves_on_loopback_until_sigterm(pivot_home):
         _, err = proc.communicate(timeout=30)
     assert proc.returncode in (0, 128 + signal.SIGTERM), err[-2000:]  # pivot's SIGTERM: servers stopped, then exit
     assert "Uvicorn running on http://127.0.0.1:" in err
+
+
+async def test_two_step_calls_on_one_session_at_once_are_not_both_admitted(store, paths):
+    """G1: the ledger's lock is per process and every request of the server runs in its one process: the second
+    step call on a session while one runs is refused with the CLI's words, and the answer is recorded once."""
+    async with Client(build_server(paths, store)) as client:
+        first = (await client.call_tool("start_campaign", {"plan": DEMO})).structured_content
+        sid = first["session"]
+        calls = [
+            client.call_tool("answer_pivot", {"session": sid, "answer": "1"}),
+            client.call_tool("answer_pivot", {"session": sid, "answer": "stop"}),
+            client.call_tool("resume_campaign", {"session": sid}),
+        ]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+    refused = [r for r in results if isinstance(r, ToolError)]
+    done = [r for r in results if not isinstance(r, BaseException)]
+    assert len(done) == 1 and len(refused) == 2, results
+    assert all("is in use by pid" in str(r) for r in refused)
+    answered = [p.answer for p in store.pivots(sid) if p.answer is not None]
+    assert len(answered) == 1  # one answer recorded, not one per caller

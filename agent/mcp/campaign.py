@@ -4,13 +4,18 @@ code as `pivot run` and `pivot resume`), report its events as MCP progress, and 
 A client that cancels the request (MCP `notifications/cancelled`) gets what Escape gives in `pivot chat`: the running
 server stops now, the tool in flight records nothing it did not finish, the experiment cut short is marked
 interrupted and the session stopped, so `answer_pivot`/`resume_campaign` (or `pivot resume`) goes on from there.
-The session's lock is held only while a step runs.
+The session's lock is held only while a step runs. The ledger's lock is per process, and every request of this
+server runs in its one process: a second step call on a session while one runs (two `answer_pivot`s, an answer and a
+`resume_campaign`) is refused here, with the CLI's words, before it reads or records anything.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import threading
+from collections.abc import Iterator
 from typing import Any, Literal
 
 import anyio
@@ -21,6 +26,28 @@ from agent.session import Paths
 from agent.store import Store
 
 MAX_NOTICES = 20
+_STEPPING: set[str] = set()  # sessions a step call of this server is running now
+_STEPPING_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def one_step_at_a_time(store: Store, session_ref: str) -> Iterator[str]:
+    """Hold the session for one step call of this server; a second call meanwhile is refused (SessionLocked)."""
+    from agent.errors import SessionLocked
+
+    sid = store.get_session(session_ref).id
+    with _STEPPING_LOCK:
+        if sid in _STEPPING:
+            raise SessionLocked(
+                f"session {sid} is in use by pid {os.getpid()} (another call of this MCP server is running its step)",
+                hint="wait for that call to return, or cancel it; then call again",
+            )
+        _STEPPING.add(sid)
+    try:
+        yield sid
+    finally:
+        with _STEPPING_LOCK:
+            _STEPPING.discard(sid)
 
 
 class CampaignOutcome(BaseModel):
@@ -99,7 +126,12 @@ def outcome_of(session_id: str, outcome: Any, warnings: list[str], home: Paths) 
 
 async def run_step(paths: Paths, store: Store, session_id: str, *, answer: str | None, report: Any) -> CampaignOutcome:
     """Run the session to its next stop; on a cancel, stop its server and settle the ledger before the cancel goes
-    on (see the module docstring)."""
+    on (see the module docstring). One step call per session at a time (one_step_at_a_time)."""
+    with one_step_at_a_time(store, session_id) as sid:
+        return await _run_step(paths, store, sid, answer=answer, report=report)
+
+
+async def _run_step(paths: Paths, store: Store, session_id: str, *, answer: str | None, report: Any) -> CampaignOutcome:
     from agent.tui.controller import ChatController
 
     controller = ChatController(paths, store)
