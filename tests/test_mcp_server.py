@@ -202,3 +202,78 @@ async def test_two_step_calls_on_one_session_at_once_are_not_both_admitted(store
     assert all("is in use by pid" in str(r) for r in refused)
     answered = [p.answer for p in store.pivots(sid) if p.answer is not None]
     assert len(answered) == 1  # one answer recorded, not one per caller
+
+
+INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+              "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                         "clientInfo": {"name": "t", "version": "1"}}}  # fmt: skip
+
+
+async def test_http_checks_host_origin_and_the_bearer_token(pivot_home, tmp_path):
+    """G2: a foreign Host (DNS rebinding) or Origin (a web page) is refused, and so is a request without the token."""
+    import httpx
+
+    token = "t0ken-" + "x" * 26
+    token_file = tmp_path / "token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent.cli", "--home", str(pivot_home), "mcp", "--http", "--port", str(port),
+         "--token-file", str(token_file)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ},
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}/mcp"
+    accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    good = {**accept, "Authorization": f"Bearer {token}"}
+    try:
+        deadline = time.monotonic() + 120
+        async with httpx.AsyncClient(timeout=30) as http:
+            while True:
+                try:
+                    first = await http.post(url, json=INITIALIZE, headers=good)
+                    break
+                except httpx.TransportError:
+                    if time.monotonic() > deadline or proc.poll() is not None:
+                        raise
+                    await asyncio.sleep(0.3)
+            assert first.status_code == 200, first.text
+            assert (await http.post(url, json=INITIALIZE, headers=accept)).status_code == 401
+            wrong = {**accept, "Authorization": "Bearer " + "y" * 32}
+            assert (await http.post(url, json=INITIALIZE, headers=wrong)).status_code == 401
+            rebound = await http.post(url, json=INITIALIZE, headers={**good, "Host": "evil.example"})
+            assert rebound.status_code in (403, 421), rebound.status_code
+            page = await http.post(url, json=INITIALIZE, headers={**good, "Origin": "http://evil.example"})
+            assert page.status_code == 403, page.status_code
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+
+
+async def test_file_arguments_stay_under_the_roots_and_bounds_hold(store, paths, tmp_path):
+    """G2 (files), G4, G8: a plan or profile named by path outside the roots is refused without being read (its
+    content and positions never echoed); out-of-range numbers and an engine its options cannot build are refused
+    before anything is recorded."""
+    foreign = tmp_path / "elsewhere" / "secret.toml"
+    foreign.parent.mkdir()
+    foreign.write_text("password = 'hunter2'\n[[[broken")
+    async with Client(build_server(paths, store)) as client:
+        for tool, args in (("check_plan", {"plan": str(foreign)}),
+                           ("predict", {"model_profile": str(foreign)}),
+                           ("start_campaign", {"plan": str(foreign)})):  # fmt: skip
+            with pytest.raises(ToolError) as info:
+                await client.call_tool(tool, args)
+            assert "outside the folders" in str(info.value) and "hunter2" not in str(info.value)
+            assert "line" not in str(info.value).split("outside")[0]
+        for args in ({"num_prompts": 10**9}, {"noise": 1e308}, {"concurrency": [0]}, {"gpus": 10**6}):
+            with pytest.raises(ToolError) as info:
+                await client.call_tool("predict", args)
+            assert "Traceback" not in str(info.value) and len(str(info.value)) < 2000
+        for args in ({"engine": "command"}, {"noise": 1e300}, {"seed": -1}):
+            with pytest.raises(ToolError):
+                await client.call_tool("start_campaign", {"plan": DEMO, **args})
+        assert (await client.call_tool("list_sessions")).structured_content["result"] == []  # nothing recorded
+        inside = paths.home / "plans" / "mine.toml"
+        inside.parent.mkdir(parents=True, exist_ok=True)
+        inside.write_text((ROOT / "plans" / f"{DEMO}.toml").read_text())
+        assert (await client.call_tool("check_plan", {"plan": str(inside)})).structured_content["plan"]

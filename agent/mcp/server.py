@@ -20,6 +20,7 @@ from agent import models as m
 from agent.errors import PivotError
 from agent.mcp import views
 from agent.mcp.campaign import CampaignOutcome, run_step, status_uri
+from agent.mcp.guard import FileRoots
 from agent.session import Paths
 from agent.store import Store
 
@@ -51,21 +52,23 @@ async def _in_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise _tool_error(e) from e
 
 
-def build_server(paths: Paths, store: Store) -> Any:
-    """The MCP server over one pivot home (its ledger and documents)."""
+def build_server(paths: Paths, store: Store, roots: FileRoots | None = None) -> Any:
+    """The MCP server over one pivot home (its ledger and documents); a client names files under `roots` only
+    (default: the shipped plans and profiles and the home, agent/mcp/guard.py)."""
     from agent import __version__
 
+    roots = roots or FileRoots.default(paths.home)
     # the server names pivot's version to clients (initialize's serverInfo), not the MCP library's
     server = FastMCP("pivot", instructions=INSTRUCTIONS, version=__version__, mask_error_details=False)
-    _plan_tools(server)
-    _campaign_tools(server, paths, store)
+    _plan_tools(server, roots)
+    _campaign_tools(server, paths, store, roots)
     _session_tools(server, paths, store)
-    _twin_tools(server)
+    _twin_tools(server, roots)
     _resources(server, paths, store)
     return server
 
 
-def _plan_tools(server: Any) -> None:
+def _plan_tools(server: Any, roots: FileRoots) -> None:
     @server.tool(annotations=READ_ONLY)
     async def list_plans() -> list[views.PlanRow]:
         """The optimization plans that ship with pivot: name, title, number of items. Give a name to check_plan or
@@ -79,10 +82,11 @@ def _plan_tools(server: Any) -> None:
         """Check a plan before any launch (`pivot plan check`): its model and hardware profiles exist, the base
         flags and every item's flags pass the engine's audit (unknown, removed, ambiguous, invalid: error; no-op,
         deprecated: warning), and the plan checks of each item's claims. `ok` false: fix the errors first."""
+        _guarded(roots.check, plan, "plan")
         return await _in_thread(views.check_plan, plan)
 
 
-def _campaign_tools(server: Any, paths: Paths, store: Store) -> None:
+def _campaign_tools(server: Any, paths: Paths, store: Store, roots: FileRoots) -> None:
     async def step(session_id: str, answer: str | None, ctx: Context | None) -> CampaignOutcome:
         report = ctx.report_progress if ctx is not None else None
         try:
@@ -98,8 +102,13 @@ def _campaign_tools(server: Any, paths: Paths, store: Store) -> None:
             str, Field(description="sim (the digital twin, no GPU), sim-http, sglang, vllm, ...")
         ] = "sim",
         name: Annotated[str | None, Field(description="The session's name (default: the plan's)")] = None,
-        noise: Annotated[float | None, Field(description="Simulated engines' run-to-run noise, e.g. 0.015")] = None,
-        concurrency: Annotated[list[int] | None, Field(description="Replace the plan's concurrency levels")] = None,
+        noise: Annotated[
+            float | None, Field(ge=0, le=0.5, description="Simulated engines' run-to-run noise, e.g. 0.015 (0-0.5)")
+        ] = None,
+        concurrency: Annotated[
+            list[Annotated[int, Field(ge=1, le=100_000)]] | None,
+            Field(max_length=64, description="Replace the plan's concurrency levels"),
+        ] = None,
         model: Annotated[
             str | None,
             Field(
@@ -107,7 +116,7 @@ def _campaign_tools(server: Any, paths: Paths, store: Store) -> None:
                 "model string whose key is in pivot's environment"
             ),
         ] = None,
-        seed: int = 0,
+        seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 0,
         min_gain_pct: Annotated[float, Field(ge=0, description="The least gain adopted (and beyond the noise)")] = 3.0,
         objective: Annotated[
             Literal["throughput", "goodput", "capacity", "energy"] | None,
@@ -121,6 +130,7 @@ def _campaign_tools(server: Any, paths: Paths, store: Store) -> None:
         the improvement documents, measures the baseline twice, works through Tier 1 and stops with a status summary
         and a question. Progress is reported as it goes; cancelling stops the server and leaves the session
         resumable. Answer with answer_pivot."""
+        _guarded(roots.check, plan, "plan")
         try:
             session_id = await anyio.to_thread.run_sync(
                 lambda: _create(
@@ -170,7 +180,7 @@ def _create(
     """Record a new session as `pivot run` would (checked first: the plan, the engine, the model's key, the
     objective and its SLOs)."""
     from agent import loop
-    from agent.contracts import engine_names
+    from agent.contracts import engine_names, load_engine
     from agent.defaults import default_model, session_settings
     from agent.plans import load_plan
     from agent.session import Session
@@ -192,6 +202,7 @@ def _create(
     if model_name != loop.AUTOPILOT:
         loop.provider_model(model_name, None)
     settings = session_settings(plan.target, engine, {}, noise, {"seed": seed, "min_gain": min_gain_pct})
+    load_engine(engine, **settings.engine_options)  # an engine these options cannot build is refused before a session
     with Session.create(store, paths, plan, name=name or plan.name, engine_name=engine, model=model_name,
                         settings=settings) as session:  # fmt: skip
         return session.id
@@ -209,6 +220,13 @@ def _objective(base: m.Objective, kind: str | None, slo: str | None) -> m.Object
                          hint="e.g. objective='goodput', slo='ttft:500,tpot:50' (SLOs in ms)") from e  # fmt: skip
     except ValueError as e:
         raise PivotError(f"bad slo: {e}", hint="write SLOs in ms: ttft:500,tpot:50") from e
+
+
+def _guarded(check: Any, *args: Any) -> None:
+    try:
+        check(*args)
+    except PivotError as e:
+        raise _tool_error(e) from e
 
 
 def _session_tools(server: Any, paths: Paths, store: Store) -> None:
@@ -270,7 +288,7 @@ def _session_tools(server: Any, paths: Paths, store: Store) -> None:
         return inv.model_dump(mode="json")
 
 
-def _twin_tools(server: Any) -> None:
+def _twin_tools(server: Any, roots: FileRoots) -> None:
     @server.tool(annotations=READ_ONLY)
     async def predict(
         flags: Annotated[str, Field(description="SGLang's flags, e.g. '--tp-size 8 --max-running-requests 2048'")] = "",
@@ -280,14 +298,16 @@ def _twin_tools(server: Any) -> None:
         ] = None,
         model_profile: str | None = None,
         hardware: str | None = None,
-        gpus: int | None = None,
-        concurrency: list[int] | None = None,
-        num_prompts: int | None = None,
-        noise: float = 0.0,
+        gpus: Annotated[int | None, Field(ge=1, le=1024)] = None,
+        concurrency: Annotated[list[Annotated[int, Field(ge=1, le=100_000)]] | None, Field(max_length=64)] = None,
+        num_prompts: Annotated[int | None, Field(ge=1, le=1_000_000)] = None,
+        noise: Annotated[float, Field(ge=0, le=0.5, description="Run-to-run variation, 0 to 0.5")] = 0.0,
     ) -> views.Prediction:
         """The digital twin's prediction of a benchmark sweep of SGLang 0.5.23 with `flags` on simulated GPUs
         (`pivot sim predict`): per concurrency level bench_serving's throughput and latency keys, the resolved
         configuration, no-op and unmodelled flags, and a predicted crash. Simulated, not measured."""
+        for ref, what in ((plan, "plan"), (model_profile, "model profile"), (hardware, "hardware profile")):
+            _guarded(roots.check, ref, what)
         return await _in_thread(views.predict, flags, plan_ref=plan, model_profile=model_profile, hardware=hardware,
                                 gpus=gpus, concurrency=concurrency, num_prompts=num_prompts, noise=noise)  # fmt: skip
 
@@ -372,10 +392,18 @@ class LedgerResources(_provider_base()):  # type: ignore[misc]
         return out
 
 
-def serve(paths: Paths, store: Store, *, http: bool, host: str, port: int, path: str) -> None:
-    """Serve until the client goes (stdio) or Ctrl-C (HTTP)."""
-    server = build_server(paths, store)
+def serve(paths: Paths, store: Store, *, http: bool, host: str, port: int, path: str, token: str | None = None,
+          roots: FileRoots | None = None) -> None:  # fmt: skip
+    """Serve until the client goes (stdio) or Ctrl-C (HTTP: Host and Origin checked on every request, and the
+    bearer token when one is given; agent/mcp/guard.py)."""
+    from starlette.middleware import Middleware
+
+    from agent.mcp.guard import BearerToken
+
+    server = build_server(paths, store, roots)
     if http:
-        server.run(transport="http", host=host, port=port, path=path, show_banner=False)
+        middleware = [Middleware(BearerToken, token=token)] if token else None
+        server.run(transport="http", host=host, port=port, path=path, show_banner=False,
+                   host_origin_protection=True, middleware=middleware)  # fmt: skip
     else:
         server.run(transport="stdio", show_banner=False)
