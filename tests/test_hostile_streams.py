@@ -20,6 +20,14 @@ from tools.loadgen.stream import _SSE, MAX_SSE_LINE_BYTES, StreamError, _Counter
 BAD_LINES = {
     "meta_info a string": ("generate", b'data: {"text": "x", "meta_info": "nope"}\n\n'),
     "completion_tokens many": ("generate", b'data: {"text": "x", "meta_info": {"completion_tokens": "many"}}\n\n'),
+    "completion_tokens 10**30": (
+        "generate",
+        b'data: {"text": "x", "meta_info": {"completion_tokens": ' + str(10**30).encode() + b"}}\n\n",
+    ),  # F14: was 18 OverflowError tracebacks
+    "usage.completion_tokens 10**30": (
+        "completions",
+        b'data: {"choices": [{"text": "x"}], "usage": {"completion_tokens": ' + str(10**30).encode() + b"}}\n\n",
+    ),
     "usage 5": ("completions", b'data: {"choices": [{"text": "x"}], "usage": 5}\n\n'),
     "choices a string": ("completions", b'data: {"choices": "nope"}\n\n'),
     "delta a list": ("chat", b'data: {"choices": [{"delta": [1]}]}\n\n'),

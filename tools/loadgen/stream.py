@@ -31,9 +31,12 @@ def _short(text: str, limit: int = 80) -> str:
 MAX_SSE_LINE_BYTES = 16 * 2**20  # a /generate line carries the whole text so far: 16 MiB is millions of tokens
 
 
+MAX_COUNT = 2**31 - 1  # no request streams more tokens; a larger "count" (10**30) is a broken or hostile server
+
+
 def _count(value: object) -> bool:
-    """Whether a token count from the server is one: a whole number >= 0 (JSON true is no count)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    """Whether a token count from the server is one: a whole number from 0 to MAX_COUNT (JSON true is no count)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
 
 
 _raw_decode = json.JSONDecoder().raw_decode  # half the cost of json.loads on bytes, which this path runs per chunk
