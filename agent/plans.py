@@ -247,15 +247,21 @@ def bundled_plans() -> dict[str, Path]:
 
 def resolve_plan_path(ref: str | Path) -> Path:
     """A plan file from a path, or the name of a plan that ships with pivot."""
+    text = str(ref)
+    shown = text if len(text) <= 120 else text[:117] + "..."  # a 5,000-character argument is not echoed whole
     path = Path(ref).expanduser()
-    if path.is_file():
-        return path
+    try:
+        if path.is_file():
+            return path
+    except (OSError, ValueError) as e:  # a name too long for the file system, a NUL byte
+        raise PlanError(f"no plan file {shown!r}: {getattr(e, 'strerror', None) or e.__class__.__name__}",
+                        hint="give a path to a .toml file, or a shipped plan's name (`pivot plan list`)") from None  # fmt: skip
     shipped = bundled_plans()
-    name = path.stem if path.suffix == ".toml" else str(ref)
+    name = path.stem if path.suffix == ".toml" else text
     if name in shipped:
         return shipped[name]
     known = ", ".join(shipped) or "none"
-    raise PlanError(f"no plan file {str(ref)!r}", hint=f"give a path to a .toml file, or one of: {known}")
+    raise PlanError(f"no plan file {shown!r}", hint=f"give a path to a .toml file, or one of: {known}")
 
 
 def load_plan(ref: str | Path) -> Plan:

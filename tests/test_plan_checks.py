@@ -127,3 +127,12 @@ def test_a_failed_baseline_is_fixed_by_editing_the_plan(tmp_path):
     assert third.returncode == 0, third.stderr
     with Store(Paths.from_env(home).db_path) as store:
         assert [c.changes for c in store.plan_changes(sid)][-1] == ["item 01 changed (expected_impact)"]
+
+
+def test_a_plan_argument_too_long_for_the_file_system_is_one_line_not_echoed_whole():
+    from agent.plans import PlanError, load_plan
+
+    for ref in ("a" * 5000, "x/" * 3000 + "p.toml", "nul\x00byte.toml"):
+        with pytest.raises(PlanError) as info:
+            load_plan(ref)
+        assert len(info.value.message) < 300, len(info.value.message)
