@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import PivotError
+from tools.engines.bounded import run_bounded
 from tools.engines.catalog.catalog import Catalog, _version_key, available_versions, load_catalog
 from tools.engines.catalog.vllm_argtypes import ACTIONS, TYPES
 
@@ -81,9 +82,7 @@ class VLLMInstall:
 def probe(python: str) -> VLLMInstall:
     """What `python` has of vLLM (a subprocess that imports only importlib); never raises."""
     try:
-        done = subprocess.run(
-            [python, "-c", _PROBE], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False
-        )
+        done = run_bounded([python, "-c", _PROBE], timeout=PROBE_TIMEOUT_S)  # its whole group killed on a hang
     except (OSError, subprocess.TimeoutExpired) as e:
         return VLLMInstall(python, error=f"{type(e).__name__}: {e}")
     if done.returncode != 0:
@@ -143,8 +142,7 @@ def _cache_path(install: VLLMInstall) -> Path:
 def _dump(install: VLLMInstall) -> dict[str, Any]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "ERROR"}
     try:
-        done = subprocess.run([install.python, str(DUMP_SCRIPT)], capture_output=True, text=True,
-                              timeout=DUMP_TIMEOUT_S, check=False, env=env)  # fmt: skip
+        done = run_bounded([install.python, str(DUMP_SCRIPT)], timeout=DUMP_TIMEOUT_S, env=env)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise PivotError(f"vLLM's parser could not be dumped by {install.python}: {type(e).__name__}: {e}") from e
     lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
