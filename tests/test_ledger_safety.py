@@ -191,3 +191,22 @@ def test_a_ledger_missing_a_table_is_refused_before_anything_writes_to_it(paths,
         assert "lacks the table servers" in proc.stderr and "no such table" not in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
         assert _digest(paths.db_path) == before, command
+
+
+def test_a_full_disk_is_one_line_and_loses_nothing_recorded(store, paths, small_plan):
+    """G10: SQLite's "database or disk is full" (here: the ledger capped at its size with max_page_count) under a
+    write, the lock's included, is one line that says so; what was recorded stays, and the transaction is undone."""
+    from agent.session import Session
+
+    with Session.create(store, paths, small_plan, engine_name="sim") as s:
+        sid = s.id
+    pages = store.db.execute("PRAGMA page_count").fetchone()[0]
+    store.db.execute(f"PRAGMA max_page_count = {pages}")
+    with pytest.raises(LedgerError) as info:
+        for _ in range(200):
+            store.add_experiment(sid, m.Experiment(kind="change", config=small_plan.target.base_config(),
+                                                   workload=small_plan.workload, title="x" * 4000))  # fmt: skip
+    assert "the disk is full" in info.value.message and "nothing was changed" in info.value.message
+    store.db.execute(f"PRAGMA max_page_count = {pages * 1000}")
+    assert store.get_session(sid).id == sid  # still readable, still writable once there is room
+    store.acquire_session(sid)

@@ -180,7 +180,12 @@ class StoreCore:
                 self.db.conn.rollback()
                 raise
             else:
-                self.db.conn.commit()
+                try:  # a full disk fails here, at the commit: one line, the transaction rolled back
+                    self.db.conn.commit()
+                except sqlite3.DatabaseError as e:
+                    with contextlib.suppress(sqlite3.Error):
+                        self.db.conn.rollback()
+                    raise self._wrap(e) from e
 
     @contextlib.contextmanager
     def _read(self) -> Iterator[Database]:
@@ -196,6 +201,18 @@ class StoreCore:
         text = str(e)
         if "readonly" in text or "read-only" in text:
             return self._unwritable(text)
+        if "disk is full" in text or getattr(e, "sqlite_errorname", "") == "SQLITE_FULL":
+            return LedgerError(
+                f"cannot write the ledger {self.path}: the disk is full ({text}); nothing was changed",
+                hint=f"free space on the disk that holds {self.path.parent} and run the command again",
+            )
+        if "unable to open" in text and not self._writable():
+            return self._unwritable(text)
+        if "disk I/O error" in text:
+            return LedgerError(
+                f"cannot write the ledger {self.path}: the disk failed under it ({text}); nothing was changed",
+                hint="check the disk (full, removed, a network mount gone), then run the command again",
+            )
         if "locked" in text or "busy" in text:
             return LedgerError(f"the ledger {self.path} stayed locked for {BUSY_TIMEOUT_S:.0f} s: {text}")
         return self._corrupt(text)
