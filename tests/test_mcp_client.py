@@ -221,3 +221,24 @@ def test_two_servers_whose_tools_meet_under_one_name_do_not_stop_the_run(store, 
     assert outcome.status in ("waiting", "finished")
     assert seen[0].count("a_gpu_count") == 1 and "a_echo" in seen[0] and "a_gpu_echo" in seen[0]
     assert any("'a_gpu_count' is named like one of" in w for w in warnings)
+
+
+def test_a_server_printing_lines_that_are_not_json_rpc_costs_one_line_not_a_traceback_each(caplog):
+    """G6: the MCP SDK logs a traceback per such line; pivot keeps one line, once."""
+    import logging
+
+    import agent.mcp.client as client
+
+    client._NotJsonRpc.said = False
+    log = logging.getLogger("mcp.client.stdio")
+    with caplog.at_level(logging.ERROR, logger="mcp.client.stdio"):
+        for line in ("not json 0", "not json 1", "not json 2"):
+            try:
+                raise ValueError(f"Invalid JSON: {line}")
+            except ValueError:
+                log.exception("Failed to parse JSONRPC message from server")
+        log.error("another error the SDK logs")
+    texts = [r.getMessage() for r in caplog.records]
+    assert texts == ["an MCP server printed lines that are not JSON-RPC on its stdout; they are ignored (this is said "
+                     "once)", "another error the SDK logs"]  # fmt: skip
+    assert all(r.exc_info is None for r in caplog.records[:1])

@@ -17,6 +17,7 @@ MCP SDK considers safe plus the entry's own `env` (pivot's model keys are not pa
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,32 @@ INIT_TIMEOUT_S = 30.0  # the handshake of a server started now (a Python server 
 READ_TIMEOUT_S = 300.0  # one tool call
 CONNECTION_CLOSED = -32000  # the MCP SDK's error code for a connection that closed
 Warn = Callable[[str], None]
+
+
+class _NotJsonRpc(logging.Filter):
+    """The MCP SDK logs a whole traceback for every line a stdio server prints that is not JSON-RPC (a server that
+    prints 11,000 such lines: 11,000 tracebacks). One line says so, once per process; the rest are dropped."""
+
+    said = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Failed to parse JSONRPC message"):
+            return True
+        if _NotJsonRpc.said:
+            return False
+        _NotJsonRpc.said = True
+        record.msg, record.args, record.exc_info, record.exc_text = (
+            "an MCP server printed lines that are not JSON-RPC on its stdout; they are ignored (this is said once)",
+            (),
+            None,
+            None,
+        )
+        return True
+
+
+_STDIO_LOG = logging.getLogger("mcp.client.stdio")
+if not any(isinstance(f, _NotJsonRpc) for f in _STDIO_LOG.filters):
+    _STDIO_LOG.addFilter(_NotJsonRpc())
 
 
 def transport(spec: ServerSpec, log_file: Path | None = None) -> Any:
