@@ -197,3 +197,51 @@ def serve(ctx, model_profile, hardware, gpus, time_scale, startup_s, noise, seed
 
     options = ServeOptions(time_scale=time_scale, startup_s=startup_s, noise=noise, seed=seed)
     ctx.exit(run_server(flags, model_profile=model_profile, hardware=hardware, gpus=gpus, options=options))
+
+
+@sim.command("step", context_settings={"ignore_unknown_options": True})
+@click.option("--model-profile", required=True, help="A model profile's name, a profile file, or a model folder with "
+              "a config.json (as a plan's target).")  # fmt: skip
+@click.option("--hardware", required=True, help="Hardware profile (name or .toml).")
+@click.option("--tp", type=click.IntRange(1, 64), default=1, show_default=True, help="Tensor-parallel GPUs.")
+@click.option("--batch", type=click.IntRange(1, 100_000), required=True, help="Requests in the decode step.")
+@click.option("--context", type=click.IntRange(1, 10_000_000), required=True, help="KV tokens each request holds.")
+@click.option("--prefill-tokens", type=click.IntRange(1, 10_000_000), help="Also cost one prefill step of T tokens.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.argument("flags", nargs=-1, type=click.UNPROCESSED)
+def step(model_profile: str, hardware: str, tp: int, batch: int, context: int, prefill_tokens: int | None,
+         as_json: bool, flags: tuple[str, ...]) -> None:  # fmt: skip
+    """The twin's cost of one engine step, broken down: GPU time (GEMMs, attention, communication), host time, the
+    step as the engine runs it (the host's work hidden behind the GPU's by the overlap scheduler), and the power per
+    GPU with the clock it runs at. Simulated, not measured; SGLang's FLAGS after --.
+
+    \b
+    Examples:
+      pivot sim step --model-profile llama-3.3-70b-fp8 --hardware h200 --batch 64 --context 4096
+      pivot sim step --model-profile ./my-model --hardware h200 --tp 2 --batch 1 --context 1024 --json
+    """
+    from tools.engines.sim.step import step_cost
+
+    report = step_cost(model_profile, hardware, tp=tp, batch=batch, context=context, prefill_tokens=prefill_tokens,
+                       flags=flags)  # fmt: skip
+    data = report.as_json()
+    if as_json:
+        print_json(data)
+        return
+    out.print(f"{data['model']} on {data['tp']}x {data['hardware']}: decode step of {batch} requests x {context} "
+              "tokens (simulated)", highlight=False)  # fmt: skip
+    table = make_table("part", "ms")
+    for key, value in data["breakdown_ms"].items():
+        table.add_row(key.replace("_", " "), "not modelled" if value is None else f"{value:,.3f}")
+    table.add_row("GPU (sum)", f"{data['gpu_ms']:,.3f}")
+    table.add_row("host", f"{data['host_ms']:,.3f}")
+    table.add_row("step", f"{data['step_ms']:,.3f}")
+    out.print(table)
+    out.print(f"power {data['power_w']:,.0f} W per GPU at {data['clock_share']:.0%} of the SM clock; "
+              f"{data['tokens_per_s']:,.0f} output tok/s", highlight=False)  # fmt: skip
+    if "prefill" in data:
+        p = data["prefill"]
+        out.print(f"prefill of {p['tokens']:,} tokens: {p['step_ms']:,.2f} ms (GPU {p['gpu_ms']:,.2f} ms)",
+                  highlight=False)  # fmt: skip
+    for note in data["notes"]:
+        err.print(f"note: {note}", highlight=False)

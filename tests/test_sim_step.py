@@ -1,0 +1,52 @@
+"""`pivot sim step`: the twin's cost of one engine step, broken down (tools/engines/sim/step.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from agent.cli import cli
+from tools.engines.sim.step import step_cost
+from tools.profiles import load_hardware
+
+
+def test_the_step_json_has_its_parts_and_they_add_up():
+    result = CliRunner().invoke(cli, ["sim", "step", "--model-profile", "llama-3.3-70b-fp8", "--hardware", "h200",
+                                      "--batch", "64", "--context", "1024", "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["source"] == "simulated" and {"gpu_ms", "step_ms", "power_w", "host_ms"} <= set(data)
+    parts = data["breakdown_ms"]
+    assert data["gpu_ms"] == pytest.approx(
+        parts["dense_gemm"] + parts["expert_gemm"] + parts["attention"] + parts["communication"], rel=1e-3
+    )
+    assert data["step_ms"] >= max(data["gpu_ms"], data["host_ms"]) - 1e-6  # the overlap scheduler: the longer one
+    hw = load_hardware("h200")
+    assert hw.idle_w < data["power_w"] <= hw.tdp_w and data["clock_share"] == 1.0
+    assert parts["elementwise"] is None and any("elementwise" in n for n in data["notes"])  # said, not invented
+
+
+def test_more_rows_and_more_context_cost_more_and_tp_splits_the_weights():
+    small = step_cost("llama-3.3-70b-fp8", "h200", batch=1, context=1024)
+    wide = step_cost("llama-3.3-70b-fp8", "h200", batch=256, context=1024)
+    deep = step_cost("llama-3.3-70b-fp8", "h200", batch=1, context=65536)
+    assert wide.gpu_s > small.gpu_s and deep.decode.attention_s > small.decode.attention_s
+    split = step_cost("llama-3.3-70b-fp8", "h200", tp=2, batch=1, context=1024)
+    assert split.decode.dense_gemm_s < small.decode.dense_gemm_s * 0.6 and split.decode.communication_s > 0
+    with_prefill = step_cost("llama-3.3-70b-fp8", "h200", batch=8, context=1024, prefill_tokens=2048).as_json()
+    assert with_prefill["prefill"]["tokens"] == 2048 and with_prefill["prefill"]["step_ms"] > 0
+
+
+def test_a_model_folder_with_a_config_json_is_a_model_profile(tmp_path):
+    from tests.test_generated_profiles import LLAMA, write_model
+
+    folder = write_model(tmp_path / "tiny", LLAMA)
+    result = CliRunner().invoke(cli, ["sim", "step", "--model-profile", str(folder), "--hardware", "h200",
+                                      "--batch", "4", "--context", "128"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "decode step of 4 requests x 128 tokens (simulated)" in result.stdout
+    bad = CliRunner().invoke(cli, ["sim", "step", "--model-profile", str(tmp_path), "--hardware", "h200",
+                                   "--batch", "4", "--context", "128"])  # fmt: skip
+    assert bad.exit_code == 1 and "has no config.json" in bad.stderr
