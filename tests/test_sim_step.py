@@ -50,3 +50,18 @@ def test_a_model_folder_with_a_config_json_is_a_model_profile(tmp_path):
     bad = CliRunner().invoke(cli, ["sim", "step", "--model-profile", str(tmp_path), "--hardware", "h200",
                                    "--batch", "4", "--context", "128"])  # fmt: skip
     assert bad.exit_code == 1 and "has no config.json" in bad.stderr
+
+
+def test_the_step_benchmark_reads_a_config_and_says_so_without_a_gpu(tmp_path):
+    """tools/stepbench.py runs on a GPU host with PyTorch only; here, its shapes and its refusal without CUDA."""
+    import importlib.util
+
+    from tests.test_generated_profiles import LLAMA
+    from tools.stepbench import SHAPES, Shape, main
+
+    shape = Shape.from_config("tiny", LLAMA)
+    assert (shape.layers, shape.hidden, shape.heads, shape.kv_heads, shape.head_dim) == (3, 384, 6, 2, 64)
+    assert SHAPES["llama-3.3-70b-fp8"].dtype == "fp8" and SHAPES["llama-3.1-8b"].intermediate == 14336
+    if importlib.util.find_spec("torch") is None:
+        with pytest.raises(ModuleNotFoundError):
+            main(["--model", "llama-3.1-8b", "--out", str(tmp_path / "x.json")])
