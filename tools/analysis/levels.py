@@ -45,7 +45,11 @@ def _level_roofline(
     ridge = roof.ridge(dtype)
     peak = hw.peak_tflops(dtype)
     roofline = min(peak, ai * roof.bw / 1e12)
-    _, achieved_source = roof.achieved_tflops(dtype, gm, gn)
+    if not roof.moe and roof.measured_dense():  # each linear layer at the rate measured for its own shape
+        names = "/".join(g.name.removesuffix("_proj") for g in model.dense_gemms)
+        achieved_source = f"micro-benchmarks of the model's own GEMM shapes ({names} at TP{roof.tp}, rows interpolated)"
+    else:
+        _, achieved_source = roof.achieved_tflops(dtype, gm, gn)
     achieved = gemm_flops / gemm_s / 1e12 if gemm_s > 0 else 0.0
     floor_ms = step["floor_s"] * 1000
     peak_out = level.max_output_tokens_per_s

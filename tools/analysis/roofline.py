@@ -91,21 +91,38 @@ class Roofline:
         weight_bw = self.hw.memory_bandwidth_gbs * GB * cal.gemm_stream_efficiency(n)
         return min(compute, 2 * m_rows / DTYPE_BYTES.get(dtype, 2.0) * weight_bw / 1e12)
 
-    def achieved_tflops(self, dtype: str, m_rows: float, n: float) -> tuple[float, str]:
-        """Achieved TFLOPS of a GEMM with m rows and width n: a micro-benchmark when one is close, else the fit.
+    def achieved_tflops(self, dtype: str, m_rows: float, n: float, k: float = 0.0) -> tuple[float, str]:
+        """Achieved TFLOPS of a GEMM with m rows, width n (and depth k, when given): micro-benchmarks of that shape
+        when there are, else the fit.
 
-        Close: same dtype (FP8 ones stand in for FP4 weights on a GPU without FP4 units, which run them at the FP8
-        rate), rows within 2x and width within 4x; the nearest in rows and width wins, the faster on a tie.
-        """
+        With k: rows of the same dtype and the same (n, k) within 15% (so the TP they ran at is the GEMM's: a TP2
+        row never stands in for a TP1 GEMM), interpolated in log(m) between the two measured row counts around m
+        (the nearest within 2x when m is outside them). Without k (expert GEMMs): rows within 2x and width within
+        4x, the nearest in rows and width, the faster on a tie. FP8 rows stand in for FP4 weights on a GPU without
+        FP4 units, which run them at the FP8 rate."""
         measured = dtype
         if dtype in ("nvfp4", "fp4") and "fp4" not in self.hw.dense_tflops:
             measured = "fp8"
+        if m_rows <= 0:
+            return self.fit_tflops(dtype, m_rows, n), "hardware profile's GEMM-efficiency fit"
+        note = f"; {measured} standing in for {dtype}" if measured != dtype else ""
+        if k > 0 and n > 0:
+            same = [r for r in self.microbench if r.dtype == measured and r.m > 0 and r.groups == 1
+                    and abs(math.log(r.n / n)) <= math.log(1.15) and abs(math.log(r.k / k)) <= math.log(1.15)]  # fmt: skip
+            found = _interpolated(same, m_rows)
+            if found is not None:
+                tflops, rows = found
+                ids = ", ".join(f"#{r.id}" for r in rows)
+                return (
+                    tflops,
+                    f"micro-benchmark {ids} ({'..'.join(str(r.m) for r in rows)}x{rows[0].n}x{rows[0].k}{note})",
+                )
+            return self.fit_tflops(dtype, m_rows, n), "hardware profile's GEMM-efficiency fit"
         close = [
             r
             for r in self.microbench
             if r.dtype == measured
             and r.m > 0
-            and m_rows > 0
             and 0.5 <= (r.rows_per_expert or r.m) / m_rows <= 2
             and (n <= 0 or 0.25 <= r.n / n <= 4)
         ]
@@ -116,11 +133,38 @@ class Roofline:
                 return (round(d, 9), -r.tflops)
 
             best = min(close, key=distance)
-            what = best.backend or best.dtype
-            if measured != dtype:
-                what += f"; {measured} standing in for {dtype}"
+            what = (best.backend or best.dtype) + note
             return best.tflops, f"micro-benchmark #{best.id} ({best.m}x{best.n}x{best.k}, {what})"
         return self.fit_tflops(dtype, m_rows, n), "hardware profile's GEMM-efficiency fit"
+
+    def measured_dense(self) -> bool:
+        """Whether micro-benchmarks of this dense model's own linear-layer shapes (at its TP) were recorded."""
+        if self.model.kind != "dense" or not self.model.dense_gemms:
+            return False
+        shapes = set()
+        for g in self.model.dense_gemms:
+            shapes.add(
+                (round(g.n / self.tp) if g.split == "n" else g.n, round(g.k / self.tp) if g.split == "k" else g.k)
+            )
+        return any((r.n, r.k) in shapes and r.dtype == self.dense_dtype for r in self.microbench)
+
+    def dense_gemm_time(self, batch: float) -> float | None:
+        """Seconds of one decode step's dense linear layers (all layers of one stage), GEMM by GEMM from the model's
+        dense_gemms (qkv, o, gate/up, down at their TP shapes), each at its achieved rate; None without them."""
+        gemms = self.model.dense_gemms
+        if not gemms or batch <= 0:
+            return None
+        layers = (self.model.layers - self.model.moe_layers) / self.pp
+        dtype = next((p.dtype for p in self.dense_parts if p.layers in ("all", "dense")), self.dense_dtype)
+        total = 0.0
+        for g in gemms:
+            n = g.n / self.tp if g.split == "n" else g.n
+            k = g.k / self.tp if g.split == "k" else g.k
+            tflops, _ = self.achieved_tflops(dtype, batch, n, k)
+            w_bytes = n * k * DTYPE_BYTES.get(dtype, 2.0)
+            flops = 2 * batch * n * k
+            total += max(w_bytes / self.bw, flops / (tflops * 1e12) if tflops > 0 else 0.0)
+        return layers * total
 
     # ---- one decode step at B running requests
 
@@ -142,14 +186,20 @@ class Roofline:
             tflops, _ = self.achieved_tflops(self.expert_dtype, m_rows, self.expert_width)
             t_exp = max(exp_bytes / self.bw, exp_flops / (tflops * 1e12)) if tflops > 0 else exp_bytes / self.bw
         dense_bytes = dense_flops = t_dense = 0.0
+        # a dense model with measured GEMMs of its own layers' shapes: each linear layer at its rate (the layers'
+        # parts below then add their bytes and FLOPs, not their time); else one proxy shape for every part
+        per_gemm = self.dense_gemm_time(batch) if self.measured_dense() else None
         for p in self.dense_parts:
             shard = 1 if p.replicated else self.tp
             b = p.params * p.bytes_per_param / (shard * pp)
             f = batch * 2 * p.params / (shard * pp)
-            tflops, _ = self.achieved_tflops(p.dtype, max(batch, 1e-9), model.hidden_size / shard)
             dense_bytes += b
             dense_flops += f
+            if per_gemm is not None and p.layers in ("all", "dense"):
+                continue
+            tflops, _ = self.achieved_tflops(p.dtype, max(batch, 1e-9), model.hidden_size / shard)
             t_dense += max(b / self.bw, f / (tflops * 1e12)) if batch > 0 else 0.0
+        t_dense += per_gemm or 0.0  # one stage's, as the parts' times above
         kv_bytes = batch * ctx * self.kv_bytes_per_token()
         attn_flops = batch * ctx * model.attention_flops_per_ctx_token / (self.tp * pp)
         t_attn = max(kv_bytes / self.bw, attn_flops / (self.hw.peak_tflops("bf16") * 1e12))
@@ -198,3 +248,26 @@ _PROFILE_COMPONENTS = {
     "communication": "communication",
     "other": "other",
 }
+
+
+def _interpolated(rows: list[m.MicrobenchResult], m_rows: float) -> tuple[float, list[m.MicrobenchResult]] | None:
+    """TFLOPS at m_rows from rows of one shape: log-linear between the nearest measured row counts below and above
+    it (the mean of rows measured at the same count), the nearest alone within 2x outside them; None otherwise."""
+    by_m: dict[int, list[m.MicrobenchResult]] = {}
+    for r in rows:
+        by_m.setdefault(r.m, []).append(r)
+    if not by_m:
+        return None
+    mean = {mm: sum(r.tflops for r in rs) / len(rs) for mm, rs in by_m.items()}
+    below = [mm for mm in by_m if mm <= m_rows]
+    above = [mm for mm in by_m if mm >= m_rows]
+    if below and above:
+        lo, hi = max(below), min(above)
+        if lo == hi:
+            return mean[lo], by_m[lo][:1]
+        t = (math.log(m_rows) - math.log(lo)) / (math.log(hi) - math.log(lo))
+        return mean[lo] + t * (mean[hi] - mean[lo]), [by_m[lo][0], by_m[hi][0]]
+    nearest = min(by_m, key=lambda mm: abs(math.log(mm / m_rows)))
+    if 0.5 <= nearest / m_rows <= 2:
+        return mean[nearest], by_m[nearest][:1]
+    return None
