@@ -155,6 +155,8 @@ def test_the_shipped_plan_runs_to_its_end(tmp_path):
     refused = experiments["03"]  # vLLM's parser takes the flags, its scheduler config refuses them: at launch
     assert (refused["status"], refused["failure"], refused["verdict"]) == ("failed", "argument-validation", "ruled_out")
     assert "max_num_batched_tokens (64) is smaller than max_model_len (2048)" in refused["failure_detail"]
+    # the engine's own words reach the verdict and the summary, not only "refused the flags (argument-validation)"
+    assert "max_num_batched_tokens (64) is smaller than max_model_len" in (refused["reason"] or "")
     no_server_left(tmp_path, session)
 
     summaries = sorted((tmp_path / "docs_out" / session).glob("status-*.md"))
@@ -164,3 +166,4 @@ def test_the_shipped_plan_runs_to_its_end(tmp_path):
         assert not re.search(r"\d x the|\dx the [\d.,]+ ms|it takes to read|bandwidth floor ms|TFLOPS", text), path.name
         assert "the twin" not in text, path.name
     assert "No bottleneck named" in summaries[-1].read_text() and "No roofline for" in summaries[-1].read_text()
+    assert "max_num_batched_tokens (64) is smaller than max_model_len" in summaries[-1].read_text()
