@@ -215,8 +215,27 @@ def _weights(torch: Any, s: Shape) -> tuple[list[dict[str, Any]], Any]:
     return layers, head
 
 
+def attention_backends(torch: Any) -> tuple[Any, str]:
+    """A context that prefers cuDNN's attention for decode (torch's own flash kernel is far from the bandwidth limit
+    on one query per request; STACK.md), then flash, memory-efficient and the math kernel; and its name."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                 SDPBackend.MATH]  # fmt: skip
+        return sdpa_kernel(order, set_priority=True), "cudnn>flash>efficient>math"
+    except Exception:  # an older torch: its default choice
+        return contextlib.nullcontext(), "default"
+
+
 def measure(torch: Any, step: Step, power: Power) -> tuple[float, list[float], float | None, float | None, int]:
     """(median ms per step, per-batch ms, mean W, mean SM MHz, samples) of CUDA-graph replays of `step`."""
+    context, _ = attention_backends(torch)
+    with context:
+        return _measure(torch, step, power)
+
+
+def _measure(torch: Any, step: Step, power: Power) -> tuple[float, list[float], float | None, float | None, int]:
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -311,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": torch.cuda.get_device_name(0),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
+        "attention": attention_backends(torch)[1],
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "idle_power_w": idle[0] if idle else None,
         "idle_sm_clock_mhz": idle[1] if idle else None,
