@@ -198,7 +198,7 @@ def test_the_readmes_model_profile_example_loads_and_adds_up(tmp_path):
     from tools.preflight import preflight
     from tools.profiles import load_model
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "plans.md").read_text()
     block = next(b for b in readme.split("```toml\n")[1:] if b.startswith('name = "qwen2.5-7b"')).split("```")[0]
     path = tmp_path / "qwen2.5-7b.toml"
     path.write_text(block)

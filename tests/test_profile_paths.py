@@ -17,7 +17,7 @@ from tools.preflight import preflight
 from tools.profiles import HardwareProfile, ModelProfile, load_model
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
+README = (ROOT / "docs" / "plans.md").read_text()  # the plans page holds the README's former "Plans" section
 LLAMA = (ROOT / "plans" / "llama70b-fp8-h200x1.toml").read_text()
 
 

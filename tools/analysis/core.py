@@ -188,5 +188,5 @@ def _verdict(ref: LevelRoofline, category: m.BottleneckCategory) -> m.Finding:
         category=category,
         max_concurrency=ref.max_concurrency,
         formula="decided in order: KV capacity, host overhead, prefill interference, then the largest part of "
-        "the decode step (tools/analysis.py)",
+        "the decode step (tools/analysis/bottlenecks.py)",
     )

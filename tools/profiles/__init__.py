@@ -327,7 +327,7 @@ def _load(kind: str, ref: str, model: type[BaseModel]) -> BaseModel:
         if not path.is_file():
             raise PivotError(
                 f"no {what} profile {ref!r} in {HERE / kind}; the {what} profiles that exist: {known}",
-                hint=f"name one of those, or give a path to a .toml {what} profile (the README's Profiles section)",
+                hint=f"name one of those, or give a path to a .toml {what} profile (docs/plans.md, Profiles)",
             )
     try:
         return model.model_validate(tomllib.loads(path.read_text(encoding="utf-8")))
