@@ -157,9 +157,19 @@ def test_without_a_prediction_the_bracket_is_halved_within_the_level_budget():
 
 
 def test_an_open_bracket_is_reported_as_open():
-    capacity, ran = _search(_curve(5000), known_levels=SPEC.concurrency)
+    bounded = CapacityPlan.of(m.Objective(kind="capacity", tpot_ms=100, load_max=2048), SPEC)
+    capacity, ran = _search(_curve(5000), plan=bounded, known_levels=SPEC.concurrency)
     assert (capacity.capacity, capacity.upper, ran) == (2048.0, None, [])
     assert capacity.bracket_text.startswith("at least 2048")
+
+
+def test_a_sweep_that_meets_everywhere_is_searched_above_its_top_without_a_prediction():
+    """[measure]: vLLM has no predictor; a sweep whose every level meets the SLOs is not reported as "at least" its
+    top level: the search doubles past it (up to 8x the top unless the objective bounds it) and brackets there."""
+    capacity, ran = _search(_curve(5000), known_levels=SPEC.concurrency)
+    assert ran[0] == 4096 and len(ran) <= CONC.max_levels and CONC.load_max == 8 * 2048
+    assert capacity.capacity is not None and capacity.upper is not None
+    assert capacity.capacity <= 5250 < capacity.upper  # attainment 0.95 at 5250
     capacity, ran = _search(lambda x: _level(0.5), known_levels=SPEC.concurrency)
     assert (capacity.capacity, capacity.upper) == (None, 1.0) and capacity.bracket_text.startswith("below 1")
 

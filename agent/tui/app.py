@@ -303,7 +303,8 @@ class PivotApp(App[None]):
     async def on_board_ready(self, message: BoardReady) -> None:
         if message.seq >= self.board_shown and self.controller.session is not None:
             self.board_shown = message.seq
-            if not self.screen.query(SidePanel):  # read in a thread, it arrived after the app began closing
+            # read in a thread, it can arrive after the app began closing: its screens (or the panel) are gone
+            if not self.screen_stack or not self.screen.query(SidePanel):
                 return
             await self._show_board(message.board, pivot=False)
 

@@ -1,5 +1,5 @@
 """Capacity: the highest load at which SLO attainment still meets a target, found per experiment by levels that
-bracket the crossing.
+bracket the crossing (measured levels alone when the engine has no predictor: vLLM's campaigns).
 
 The load is concurrency (max_concurrency) or a request rate with Poisson arrivals (the objective's `load`). A load
 "meets" the target when its level's `slo_attainment` (good requests / requests sent, failures counting against)
@@ -27,6 +27,7 @@ from agent.contracts import Deployment, Engine, Predictor
 DEFAULT_RATE_MIN = 0.1  # req/s
 DEFAULT_RATE_MAX = 1000.0
 PREDICTION_STEPS = 12  # predictor calls to place the first bracket, at most
+OPEN_ABOVE = 8  # the concurrency a search may reach, as a multiple of the workload's highest, when none is given
 
 
 @dataclass(frozen=True)
@@ -44,13 +45,15 @@ class CapacityPlan:
 
     @classmethod
     def of(cls, objective: m.Objective, spec: m.BenchSpec) -> CapacityPlan:
-        """The plan of a capacity objective on a workload: bounds default to the workload's levels (concurrency) or
-        0.1 to 1000 req/s (request rate)."""
+        """The plan of a capacity objective on a workload: bounds default to the workload's lowest level up to
+        OPEN_ABOVE times its highest (concurrency), or 0.1 to 1000 req/s (request rate)."""
         if objective.kind != "capacity" or not objective.slos_ms:
             raise ValueError("a capacity search needs a capacity objective with SLOs")
         conc = objective.load == "concurrency"
         lo = objective.load_min or (min(spec.concurrency) if conc else DEFAULT_RATE_MIN)
-        hi = objective.load_max or (max(spec.concurrency) if conc else DEFAULT_RATE_MAX)
+        # a sweep whose every level meets the SLOs says only "at least its top": the search goes on doubling past
+        # it (up to OPEN_ABOVE x the top level) unless the objective bounds it (load_max)
+        hi = objective.load_max or (max(spec.concurrency) * OPEN_ABOVE if conc else DEFAULT_RATE_MAX)
         if hi <= lo:  # one workload level: search up to 4x it
             hi = lo * 4
         return cls(objective.load, dict(objective.slos_ms), objective.attainment_target, float(lo), float(hi),
