@@ -457,3 +457,16 @@ def test_audit_of_a_clean_config_and_of_nothing(catalog):
     assert [r.status for r in rows] == ["ok", "ok", "ok", "invalid"]
     assert nearest_flag(catalog, "--enable_metrics") == "--enable-metrics"
     assert nearest_flag(catalog, "--qwertyuiop") is None
+
+
+def test_a_no_op_the_parser_does_not_take_is_refused_when_the_catalog_loads():
+    """[usable]: a flag listed only under `noop` used to audit `unknown`; the catalog now says what is wrong."""
+    from agent.errors import PivotError
+    from tools.engines.catalog.catalog import Catalog
+
+    data = {"engine": "mine", "version": "1", "title": "mine 1", "prog": "mine",
+            "flags": [{"opts": ["--port"], "dest": "port", "type": "int", "default": "8080", "choices": None,
+                       "nargs": None, "action": "_StoreAction", "required": False}],
+            "noop": [{"flag": "--ignored", "evidence": "no code reads it"}]}  # fmt: skip
+    with pytest.raises(PivotError, match="lists --ignored as a no-op but not among its flags"):
+        Catalog(data)

@@ -307,6 +307,13 @@ class Catalog:
             for opt in spec.opts:
                 self._by_opt[opt] = spec
         self._parsers: dict[bool, CatalogParser] = {}
+        stray = sorted(flag for flag in self.noop if flag not in self._by_opt)
+        if stray:  # a no-op is a flag the parser takes and no code reads: one it does not take would audit unknown
+            raise PivotError(
+                f"the catalog of {self.name} {self.version} lists {', '.join(stray)} as a no-op but not among its "
+                "flags: a no-op is accepted by the parser and read nowhere",
+                hint="add it to `flags` too (with its opts, dest and type), or drop it from `noop`",
+            )
         kinds = argtypes or BUILTIN_ARGTYPES.get(self.engine, BASIC_ARGTYPES)
         self.types, self.actions = kinds.types, kinds.actions
         # the dest of the flag naming the model: required by the engine, optional for audits that need no model
