@@ -136,3 +136,17 @@ def test_a_plan_argument_too_long_for_the_file_system_is_one_line_not_echoed_who
         with pytest.raises(PlanError) as info:
             load_plan(ref)
         assert len(info.value.message) < 300, len(info.value.message)
+
+
+def test_plan_check_says_which_calibration_scalars_were_fitted_on_the_gpu_and_which_borrowed():
+    """[silicon]: the H200 profile's host overhead is the RTX PRO 6000 fit's; plan check says so (a warning)."""
+    from agent.plans import load_plan
+    from tools.preflight import preflight
+
+    problems = preflight(load_plan("llama70b-fp8-h200x1"))
+    [note] = [p for p in problems if "the twin's calibration of h200" in p.message]
+    assert note.severity == "warning"
+    assert "borrowed from rtx-pro-6000-blackwell: host_ms_per_step, host_us_per_request" in note.message
+    assert "fitted on this GPU: gemm_m_half" in note.message
+    rtx = [p for p in preflight(load_plan("glm5-nvfp4-rtxpro6000x8")) if "calibration of" in p.message]
+    assert rtx and rtx[0].severity == "info" and "borrowed" not in rtx[0].message

@@ -64,6 +64,11 @@ def _profiles(target: m.Target) -> tuple[list[PlanProblem], bool | None]:
         if hw.unknown():
             out.append(PlanProblem(severity="info", where="target.hardware", check="profile",
                                    message=f"not known of {hw.title}: {', '.join(hw.unknown())}"))  # fmt: skip
+        note = hw.calibration.provenance_note() if hw.calibration is not None else None
+        if note:  # fitted on this GPU, or borrowed from another's fit: the twin's predictions lean on which
+            borrowed = "borrowed from" in note
+            out.append(PlanProblem(severity="warning" if borrowed else "info", where="target.hardware",
+                                   check="profile", message=f"the twin's calibration of {hw.name}: {note}"))  # fmt: skip
     except PivotError as e:
         out.append(PlanProblem(severity="error", where="target.hardware", check="profile", message=e.message))
     if model is None or hw is None:

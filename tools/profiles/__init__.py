@@ -34,6 +34,27 @@ class Interconnect(_Profile):
 class Calibration(_Profile):
     """The twin's fitted scalars for this hardware (see tools/engines/sim/costmodel.py for where each enters)."""
 
+    provenance: dict[str, str] = Field(
+        default_factory=dict,
+        description="Where each scalar comes from, by name: 'fitted: <data>' (on this GPU), 'borrowed: <profile>' "
+        "(another GPU's fit), 'estimate: <why>'. `plan check` says which; an unnamed scalar's source is unknown.",
+    )
+
+    def provenance_note(self) -> str | None:
+        """The scalars grouped by where they come from, in one sentence (None when the profile says nothing)."""
+        groups: dict[str, list[str]] = {}
+        for name, source in self.provenance.items():
+            kind, _, what = source.partition(":")
+            label = {"fitted": "fitted on this GPU", "borrowed": "borrowed from", "estimate": "estimated"}.get(
+                kind.strip(), kind.strip()
+            )
+            detail = what.strip()
+            key = f"{label} {detail}" if kind.strip() == "borrowed" and detail else label
+            groups.setdefault(key, []).append(name)
+        if not groups:
+            return None
+        return "; ".join(f"{key}: {', '.join(names)}" for key, names in groups.items())
+
     host_ms_per_step: float = Field(ge=0, description="Scheduler and launch work per engine step, GPU idle.")
     host_us_per_request: float = Field(ge=0, description="Extra host work per running request per step.")
     bandwidth_efficiency: float = Field(gt=0, le=1, description="Achieved / peak memory bandwidth.")
