@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import sys
 import tomllib
 from pathlib import Path
@@ -29,8 +28,8 @@ sys.path.insert(0, str(ROOT))
 
 from agent import models as m  # noqa: E402
 from agent.plans import load_plan  # noqa: E402
+from tools.calibrate import nelder_mead, write  # noqa: E402
 from tools.engines.sim.twin import Twin  # noqa: E402
-from tools.profiles import HERE as PROFILES  # noqa: E402
 from tools.profiles import load_hardware  # noqa: E402
 
 FITTED = (
@@ -85,35 +84,6 @@ def loss(table: dict, calibration: dict[str, float]) -> float:
     return sum(e * e for e in errors) + 4 * max(e * e for e in errors)
 
 
-def nelder_mead(f, x0: np.ndarray, steps: np.ndarray, iters: int = 250, tol: float = 1e-5) -> np.ndarray:
-    """A plain Nelder-Mead minimizer (numpy only)."""
-    simplex = [x0] + [x0 + np.eye(len(x0))[i] * steps[i] for i in range(len(x0))]
-    values = [f(x) for x in simplex]
-    for _ in range(iters):
-        order = np.argsort(values)
-        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
-        if abs(values[-1] - values[0]) < tol:
-            break
-        centroid = np.mean(simplex[:-1], axis=0)
-        reflected = centroid + (centroid - simplex[-1])
-        fr = f(reflected)
-        if fr < values[0]:
-            expanded = centroid + 2 * (centroid - simplex[-1])
-            fe = f(expanded)
-            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
-        elif fr < values[-2]:
-            simplex[-1], values[-1] = reflected, fr
-        else:
-            contracted = centroid + 0.5 * (simplex[-1] - centroid)
-            fc = f(contracted)
-            if fc < values[-1]:
-                simplex[-1], values[-1] = contracted, fc
-            else:
-                simplex = [simplex[0] + 0.5 * (x - simplex[0]) for x in simplex]
-                values = [f(x) for x in simplex]
-    return simplex[int(np.argmin(values))]
-
-
 def fit(table: dict) -> dict[str, float]:
     hw = load_hardware(table["hardware"])
     start = {k: getattr(hw.calibration, k) for k in FITTED}
@@ -147,20 +117,6 @@ def report(table: dict, calibration: dict[str, float]) -> None:
             f" {level.mean_tpot_ms:>7.0f} ({want['tpot_ms']:>5}) {level.mean_gpu_power_w:>7.0f}"
         )
     print("(twin, with the seeds' measurement in brackets)")
-
-
-def write(hardware: str, calibration: dict[str, float]) -> Path:
-    path = PROFILES / "hardware" / f"{hardware}.toml"
-    text = path.read_text()
-    head, sep, tail = text.partition("[calibration]")
-    body, rest_sep, rest = tail.partition("\n[")
-    for key, value in calibration.items():
-        body = re.sub(
-            rf"(?m)^{key} = [^\n#]*?(\s*#.*)?$", lambda mm, k=key, v=value: f"{k} = {v:.4g}{mm.group(1) or ''}", body
-        )
-    path.write_text(head + sep + body + rest_sep + rest)
-    load_hardware.cache_clear()
-    return path
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ from typing import Any
 from agent.cli import plans, sessions, tools  # noqa: F401  (their commands register on the group)
 from agent.cli.base import Home, PivotGroup, add_home_option, cli, pass_home
 from agent.cli.bench import bench
+from agent.cli.calibrate import calibrate_cmd
 from agent.cli.chat import chat
 from agent.cli.engine_tools import audit_flags_cmd, power, profile
 from agent.cli.engines import launch_bench, serve, servers
@@ -28,7 +29,7 @@ __all__ = ["Home", "PivotGroup", "cli", "main", "pass_home"]
 
 for command in (
     sim, bench, serve, launch_bench, servers, audit_flags_cmd, power, profile, summary, docs, analyze, import_cmd,
-    microbench, demo, run_cmd, resume, chat, mcp_cmd,
+    microbench, demo, run_cmd, resume, chat, mcp_cmd, calibrate_cmd,
 ):  # fmt: skip
     cli.add_command(command)
 for command in cli.commands.values():
