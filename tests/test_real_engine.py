@@ -8,7 +8,8 @@ of the venv scripts/vllm_cpu_env.py builds, and $PIVOT_CACHE_DIR, where that scr
   running;
 - the shipped plan (plans/tiny-llama-cpu-vllm.toml) run to its end: the baseline twice, a real verdict, the item whose
   KV cache is larger than the host recorded as oom and the one whose step budget vLLM's scheduler config refuses as
-  argument-validation, each in vLLM's words, the code tier documented, and summaries that draw no roofline conclusion
+  argument-validation, each in vLLM's words, an FP8 KV cache a CPU without AVX-512 cannot run (unsupported-hardware,
+  told by the exception far above the log's last lines), the code tier documented, and summaries that draw no roofline conclusion
   for a CPU.
 """
 
@@ -155,6 +156,14 @@ def test_the_shipped_plan_runs_to_its_end(tmp_path):
     refused = experiments["03"]  # vLLM's parser takes the flags, its scheduler config refuses them: at launch
     assert (refused["status"], refused["failure"], refused["verdict"]) == ("failed", "argument-validation", "ruled_out")
     assert "max_num_batched_tokens (64) is smaller than max_model_len (2048)" in refused["failure_detail"]
+    fp8 = experiments["05"]  # the cause is far above the log's last lines (a warning printed at exit)
+    if "avx512" in Path("/proc/cpuinfo").read_text():
+        assert fp8["verdict"] in ("adopted", "no_gain", "regressed", "ruled_out", "crashed"), fp8
+    else:
+        assert (fp8["status"], fp8["failure"], fp8["verdict"]) == ("failed", "unsupported-hardware", "ruled_out"), fp8
+        detail = fp8["failure_detail"]  # vLLM's own sentence, not the warning its exit prints last
+        assert "FP8 KV cache on CPU requires x86 with AVX-512 or AMX" in detail and "warnings.warn" not in detail
+        assert "cannot run it on this hardware" in (fp8["reason"] or "")
     # the engine's own words reach the verdict and the summary, not only "refused the flags (argument-validation)"
     assert "max_num_batched_tokens (64) is smaller than max_model_len" in (refused["reason"] or "")
     no_server_left(tmp_path, session)
