@@ -160,3 +160,13 @@ def test_all_failed_or_empty_gives_zeros():
     level = compute_level([dead], max_concurrency=1)
     assert (level.completed, level.failed, level.output_throughput, level.mean_ttft_ms) == (0, 1, 0.0, 0.0)
     assert compute_level([], max_concurrency=1).completed == 0
+
+
+def test_token_stamps_are_added_one_after_another_as_bench_serving_adds_them():
+    """A stamp on a 1-second bucket's edge lands where bench_serving's t += itl puts it (a case hypothesis found:
+    0.5 + 3 x (0.5 / 3) is 0.9999999999999999 added in turn, 1.0 when the ITLs are summed first)."""
+    rec = RequestRecord(start_s=0.0, prompt_len=1, chunk_times_s=[0.5, 1.0, 1.5, 2.0, 2.5], chunk_tokens=[1, 0, 0, 0, 3],
+                        output_len=None, end_s=2.5625, error=None, queued_s=0.0)  # fmt: skip
+    assert (
+        compute_level([rec], max_concurrency=1).max_output_tokens_per_s == reference([rec])["max_output_tokens_per_s"]
+    )

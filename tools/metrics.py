@@ -121,7 +121,9 @@ def _token_times(rec: RequestRecord) -> tuple[np.ndarray, np.ndarray]:
     later = counts[1:]
     keep = later > 0
     itl = np.repeat(gaps[keep] / later[keep], later[keep])
-    stamps = times[0] + np.concatenate(([0.0], np.cumsum(itl)))
+    # send + ttft, then + each ITL in turn, added one after another as bench_serving adds them (t += itl): summing
+    # the ITLs first and adding the sum rounds differently, which can move a stamp across a 1-second bucket's edge
+    stamps = np.cumsum(np.concatenate(([times[0]], itl)))
     return stamps, itl
 
 
