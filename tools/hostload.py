@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.servers import _stat, group_members
+
 PROC = Path("/proc")
 
 
@@ -45,16 +47,9 @@ def _group_s(pgid: int | None, tick: float) -> float:
     if pgid is None or pgid <= 0:
         return 0.0
     total = 0
-    for entry in PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            text = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = text[text.rfind(")") + 2 :].split()  # after the command, which may hold spaces
-        # fields[0] is the state (stat's 3rd); pgrp is the 5th, utime and stime the 14th and 15th
-        if len(fields) > 12 and fields[2] == str(pgid):
+    for pid in group_members(pgid):
+        fields = _stat(pid)  # after the command: utime and stime are stat's 14th and 15th
+        if fields and len(fields) > 12:
             total += int(fields[11]) + int(fields[12])
     return total / tick
 
