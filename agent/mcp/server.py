@@ -406,4 +406,7 @@ def serve(paths: Paths, store: Store, *, http: bool, host: str, port: int, path:
         server.run(transport="http", host=host, port=port, path=path, show_banner=False,
                    host_origin_protection=True, middleware=middleware)  # fmt: skip
     else:
-        server.run(transport="stdio", show_banner=False)
+        from agent.mcp.stdio import answering_stdio
+
+        with answering_stdio():  # a line that is not JSON-RPC is answered (-32700/-32600), never dropped
+            server.run(transport="stdio", show_banner=False)
