@@ -25,6 +25,7 @@ METHOD_SETTINGS = {
     "seed": "seed",
     "request_limit": "request_limit",
     "search": "search",
+    "paired": "paired",
     "parallel": "parallel",
     "ray": "executor",
     "ray_gpus": "ray_gpus",

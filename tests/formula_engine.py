@@ -5,7 +5,8 @@ with another item (a factor that applies only when both are set), a crash under 
 at startup, a flag the engine refuses (its audit blocks it), or a no-op (accepted, read nowhere). The engine offers
 the same formula as its Predictor (the contract allows it: a predictor only has to foresee a configuration's level
 without a launch), so the search is exact on it, and runs in process like the `sim` engine, in no time, with
-optional multiplicative noise drawn from the experiment's seed. A workload of its own (longer prompts) scales every
+optional multiplicative noise drawn from the experiment's seed, and an optional drift (every benchmark run
+measures (1 + drift) times the one before it: a host whose load falls). A workload of its own (longer prompts) scales every
 configuration alike.
 """
 
@@ -128,6 +129,7 @@ class FormulaDeployment:
         if self.engine.hook is not None:
             self.engine.hook("benchmark", self)
         rng = random.Random(self.engine.seed)
+        drift = (1 + self.engine.drift) ** (sum(1 for k, _ in self.engine.calls if k == "benchmark") - 1)
         result = m.BenchResult(spec=spec, engine="formula", source="simulated")
         for c in spec.concurrency:
             tok, crashed = self.engine.formula.reading(self.config, spec, c)
@@ -135,6 +137,7 @@ class FormulaDeployment:
                 result.levels.append(bench_level(c, 0.0, completed=0, failed=c, errors={"server crashed": c}))
                 self._alive, self.failure = False, "cuda-error"
                 continue
+            tok *= drift  # a host that speeds up (or slows down) run after run
             noisy = tok * (1 + rng.gauss(0, self.engine.noise)) if self.engine.noise else tok
             result.levels.append(bench_level(c, noisy))
         self.level_telemetry = [m.Telemetry(source="simulated", gpus=[], max_concurrency=c) for c in spec.concurrency]
@@ -160,12 +163,13 @@ class FormulaEngine(BaseEngine):
     name = "formula"
     ready_timeout_s = 5.0
 
-    def __init__(self, formula: Formula, noise: float = 0.0, seed: int = 0, hook: Any = None, calls: Any = None):
-        self.formula, self.noise, self.seed, self.hook = formula, noise, seed, hook
+    def __init__(self, formula: Formula, noise: float = 0.0, seed: int = 0, hook: Any = None, calls: Any = None,
+                 drift: float = 0.0):  # fmt: skip
+        self.formula, self.noise, self.seed, self.hook, self.drift = formula, noise, seed, hook, drift
         self.calls: list[tuple[str, str]] = calls if calls is not None else []
 
     def with_seed(self, seed: int) -> FormulaEngine:
-        return FormulaEngine(self.formula, self.noise, seed, self.hook, self.calls)
+        return FormulaEngine(self.formula, self.noise, seed, self.hook, self.calls, self.drift)
 
     def validate(self, config: m.ServerConfig) -> list[m.FlagIssue]:
         return self.formula.issues(config)

@@ -443,4 +443,9 @@ def test_a_change_whose_own_runs_disagree_is_judged_against_their_spread_not_the
         for v in (350.0, 352.0):
             store.add_bench_result(steady.id or 0, m.BenchResult(spec=small_plan.workload, engine="sim",
                                                                  source="measured", levels=[bench_level(top, v)]))  # fmt: skip
-        assert Method.read(store, s.id).judge(steady).suggestion == "regressed"  # tight runs: the session's band
+        waits = Method.read(store, s.id).judge(steady)  # measured runs: a decisive change waits for its base again
+        assert waits.suggestion == "rebase" and "measured again after it before the verdict" in waits.text
+        store.add_bench_result(base.id or 0, m.BenchResult(spec=small_plan.workload, engine="sim", source="measured",
+                                                           levels=[bench_level(top, 400.0)]))  # fmt: skip
+        j = Method.read(store, s.id).judge(steady)
+        assert j.suggestion == "regressed" and "(A/B/A" in j.text, j.text  # tight runs: the session's band

@@ -150,6 +150,8 @@ def test_the_shipped_plan_runs_to_its_end(tmp_path):
     assert experiments["baseline"]["verdict"] == "baseline"
     # a verdict on real numbers (the cap is a control that regresses; a loaded host can still blur it to no gain)
     assert experiments["01"]["verdict"] in ("regressed", "no_gain")
+    if experiments["01"]["verdict"] == "regressed":  # decisive on a real engine: judged against its base re-measured
+        assert "paired with its base measured before and after it (A/B/A" in experiments["01"]["reason"]
     oom = experiments["02"]
     assert (oom["status"], oom["failure"], oom["verdict"]) == ("failed", "oom", "crashed")
     assert "Available memory on node" in oom["failure_detail"] and "(200.0 GiB)" in oom["failure_detail"]

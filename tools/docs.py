@@ -258,6 +258,11 @@ def _check_verdict(method: Method, e: m.Experiment, verdict: m.Verdict, j: Judge
         raise ModelRetry(
             f"experiment {e.number} cannot be judged not_measured: the engine models what it changes ({j.text})"
         )
+    if not allowed and j.suggestion == "rebase":
+        raise ModelRetry(
+            f"not judged yet: {j.text}. Measure its base again first (launch_server with experiment_id="
+            f"{method.number(e.base_experiment_id)}, then run_benchmark)"
+        )
     if not allowed and j.suggestion == "rerun":
         raise ModelRetry(
             f"not judged yet: {j.text}. Rerun experiment {e.number} first (launch_server with experiment_id, then "

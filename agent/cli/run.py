@@ -393,6 +393,14 @@ def _method_options(f: Any) -> Any:
                 "greedy path (plan order, one item at a time), to compare.",
             ),
             click.option(
+                "--paired",
+                type=click.Choice(["auto", "on", "off"]),
+                default=setting("paired"),
+                show_default=True,
+                help="Judge a decisive change in pairs with its base measured again after it (A/B/A, so a drifting "
+                "host moves both): auto pairs an engine that measures, not a simulated one.",
+            ),
+            click.option(
                 "--request-limit",
                 type=field_number(m.SessionSettings, "request_limit", max=1_000_000),
                 default=setting("request_limit"),

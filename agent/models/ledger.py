@@ -230,6 +230,11 @@ class SessionSettings(_Model):
         description="Profiles pivot generated for a target whose plan names none (`model`: from its config.json, "
         "`hardware`: this host's GPU or CPU), kept so that a resume and every report read the same figures.",
     )
+    paired: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="A decisive change judged in pairs with its base measured again after it (A/B/A; "
+        "tools/method/paired.py): auto pairs an engine that measures (not a simulated one), on always, off never.",
+    )
     search: bool = Field(
         default=True,
         description="The twin-guided search (tools/search.py: predicted candidates, combined steps, retests, no "

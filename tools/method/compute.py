@@ -149,6 +149,10 @@ def _judging(method: Method, mv: Moves) -> bool:
             mv.reruns[eid] = "a workload's baseline runs twice: the spread of its runs is its noise"
         elif verdicts:
             mv.verdicts[eid] = verdicts
+        elif j.suggestion == "rebase" and e.base_experiment_id is not None:
+            mv.reruns[e.base_experiment_id] = (
+                f"its base measured again after experiment {e.number} before that verdict (A/B/A: judged in pairs)"
+            )
         elif j.suggestion == "rerun":
             mv.reruns[eid] = (
                 "a gain beyond the band on one run: a second run confirms it"

@@ -219,7 +219,7 @@ def permitted(method: Method, e: m.Experiment, j: Judgement) -> tuple[m.Verdict,
     """The verdicts a measured experiment may be given: exactly what its judgement says (a -87% change is
     regressed, never no_gain, measured or inconclusive); none while it waits for a run. Inconclusive only for a
     measurement with no level to compare (nothing completed on both sides)."""
-    if j.suggestion == "rerun" or e.status == "running":
+    if j.suggestion in ("rerun", "rebase") or e.status == "running":
         return ()
     if j.suggestion == "pending":  # measured, but with no level to compare against its base
         return ("inconclusive",) if method.run_count(e) > 0 else ()

@@ -45,6 +45,7 @@ from agent import models as m
 from agent.contracts import load_engine
 from agent.errors import PivotError
 from agent.store import Store
+from tools.method import paired
 from tools.method.objective import Objective, noise_pct, objective_for
 
 HOST_MOVED_CORES = 0.5  # other processes' CPU use (cores) that differs this much between two runs is a moved host
@@ -125,6 +126,7 @@ Suggestion = Literal[
     "ruled_out",
     "not_measured",
     "rerun",
+    "rebase",
     "pending",
     "superseded",
 ]
@@ -285,6 +287,9 @@ class Method:
         if base is None:
             return None
         values = self.ok_values(base)
+        if values and self._pairs(base):  # drift is the pairs' to cancel: the noise is of the back-to-back runs
+            values = {max(values): paired.back_to_back(base.id or 0, self.experiments, self.runs,
+                                                       self.objective.value_of_run, max(values))}  # fmt: skip
         return noise_pct(values[max(values)]) if values else None
 
     def band_pct(self, workload: m.BenchSpec | None = None) -> float:
@@ -433,6 +438,19 @@ class Method:
         shared = sorted(set(before) & set(after))
         return (shared[-1], before[shared[-1]], after[shared[-1]]) if shared else None
 
+    def _pairs(self, e: m.Experiment) -> bool:
+        """Whether e is judged in pairs with its base (tools/method/paired.py: the session's `paired` setting)."""
+        return paired.enabled(self.settings.paired, self.runs.get(e.id or 0, []))
+
+    def _pairing(self, e: m.Experiment, base: m.Experiment | None, c: int) -> paired.Pairing | None:
+        """e's runs at level c paired with its base's measured before and after them (A/B/A), when e is judged in
+        pairs and its base has a run after one of e's; else None (the means are compared)."""
+        if base is None or not self._pairs(e):
+            return None
+        value = self.objective.value_of_run
+        return paired.pair(paired.timed(self.runs.get(base.id or 0, []), value, c),
+                           paired.timed(self.runs.get(e.id or 0, []), value, c))  # fmt: skip
+
     def twin_record(self, e: m.Experiment) -> list[tuple[float, float, int, int]]:
         """The twin's record in this campaign before `e`: (measured change, predicted change, runs, base runs) of
         each change judged so far on e's workload that was predicted before its launch."""
@@ -530,6 +548,28 @@ class Method:
             return f", beyond the {band:.1f}% noise band ({why_band})"
         return ""
 
+    def _after_words(self, e: m.Experiment, suggestion: Suggestion, best: m.Experiment | None, c: int,
+                     noops: list[str], unmodelled: list[str]) -> str:  # fmt: skip
+        """What a change's judgement says after its verdict: the change run beside it that became the best, levels
+        that were no measurement, no-op flags and flags the twin does not model."""
+        text = ""
+        if suggestion == "superseded" and best is not None:
+            bv = self.ok_values(best).get(c) or []
+            at = f" with {self.objective.number(sum(bv) / len(bv))} {self.objective.at(c)}" if bv else ""
+            text += (
+                f", but experiment {best.number}, run beside it, became the best{at}: not adopted (the search weighs it "
+                "again on the new best)"
+            )
+        text += self._refused_clause(e)
+        if noops:
+            text += f"; {', '.join(noops)} {'is' if len(noops) == 1 else 'are'} accepted but read nowhere (no-op)"
+        if unmodelled:
+            text += (
+                f"; the twin does not model {_names(unmodelled)}, also changed: its effect is not in these numbers "
+                "(measure it on a GPU)"
+            )
+        return text
+
     def _host_clause(self, e: m.Experiment, c: int) -> str:
         """Words when other processes loaded this host differently during e's runs and its base's (a CPU engine
         shares the cores with them: tools/hostload.py), else ''."""
@@ -607,11 +647,13 @@ class Method:
         if compared is None:
             return Judgement(suggestion="pending", text="no level to compare with its base", **common)
         c, before_runs, runs = compared
-        b = sum(before_runs) / len(before_runs)
+        base = self.experiment(e.base_experiment_id)
+        pairs = self._pairing(e, base, c)
+        b = pairs.ref_mean if pairs else sum(before_runs) / len(before_runs)
         a = sum(runs) / len(runs)
         # a base that met the objective nowhere (0 good req/s): any value above it is a gain beyond every band
-        change = (a - b) / b * 100 if b > 0 else (100.0 if a > 0 else 0.0)
-        band, spread_note = own_band(runs, band)  # its own runs may disagree more than the baseline's
+        change = pairs.change_pct if pairs else (a - b) / b * 100 if b > 0 else (100.0 if a > 0 else 0.0)
+        band, spread_note = own_band(pairs.ratios if pairs else runs, band)  # its own runs may disagree more
         common["band_pct"] = band
         judged, combined = self.with_twin(e, change, len(runs), len(before_runs), band)
         best = self.best(e.workload)
@@ -623,6 +665,9 @@ class Method:
         host_note = self._host_clause(e, c)
         if host_note and suggestion in ("adopted", "regressed") and len(runs) < 2:
             suggestion = "rerun"  # one run on a host whose load moved: measured again before the verdict
+        rebase = (suggestion in paired.DECISIVE and pairs is None and not moved and self._pairs(e)
+                  and base is not None and base.status == "finished")  # fmt: skip  # (a failed re-measure: no more)
+        suggestion = "rebase" if rebase else suggestion  # the base measured again after it (A/B/A) first
         n = self.objective.number
         measured = f"{n(a)}" if len(runs) == 1 else f"{n(a)}, mean of {len(runs)} runs: {', '.join(n(v) for v in runs)}"
         text = (
@@ -631,25 +676,13 @@ class Method:
                 f"{self.number(e.base_experiment_id)} -> {e.number})"
             )
             + combined
+            + (pairs.words(self.number(e.base_experiment_id)) if pairs else "")
             + spread_note
             + host_note
-            + self._verdict_clause(e, suggestion, surprise, change, judged, band, noise)
-        )
-        if suggestion == "superseded" and best is not None:
-            bv = self.ok_values(best).get(c) or []
-            at = f" with {n(sum(bv) / len(bv))} {self.objective.at(c)}" if bv else ""
-            text += (
-                f", but experiment {best.number}, run beside it, became the best{at}: not adopted (the search weighs it "
-                "again on the new best)"
-            )
-        text += self._refused_clause(e)
-        if noops:
-            text += f"; {', '.join(noops)} {'is' if len(noops) == 1 else 'are'} accepted but read nowhere (no-op)"
-        if unmodelled:
-            text += (
-                f"; the twin does not model {_names(unmodelled)}, also changed: its effect is not in these numbers "
-                "(measure it on a GPU)"
-            )
+            + (paired.rebase_words(self.number(e.base_experiment_id), band) if rebase else
+               self._verdict_clause(e, suggestion, surprise, change, judged, band, noise))
+        )  # fmt: skip
+        text += self._after_words(e, suggestion, best, c, noops, unmodelled)
         return Judgement(
             suggestion=suggestion,
             concurrency=c,
