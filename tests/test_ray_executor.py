@@ -247,8 +247,8 @@ def test_an_interrupt_stops_the_running_servers(tmp: Path, ray_executor: RayExec
 
     with pytest.raises(KeyboardInterrupt):
         list(ray_executor.run(tasks, on_event))
-    for t in tasks:
-        assert not marked_processes(t.mark), f"{t.label}'s server outlived the interrupt"
+    for t in tasks:  # stopped by the interrupt; its group's last exit is awaited, not clocked (a busy host is slow)
+        assert until(lambda t=t: not marked_processes(t.mark), 5), f"{t.label}'s server outlived the interrupt"
 
 
 def test_closing_the_run_early_stops_the_running_server(tmp: Path, ray_executor: RayExecutor) -> None:

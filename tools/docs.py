@@ -369,9 +369,10 @@ def write_status_summary(ctx: RunContext[Session], question: str, options: list[
     check_plan_quietly(session)
     try:
         options = [o.strip() for o in options if o.strip()]
-        doc = reports.write_status_summary(
-            session, question.strip(), options, new=new, html=True, learnt=learnt_lines(session)
-        )
+        session.emit("progress", "status summary: what the campaign learnt about the twin")
+        learnt = learnt_lines(session)
+        session.emit("progress", "status summary: the analysis, the markdown, its HTML and charts")
+        doc = reports.write_status_summary(session, question.strip(), options, new=new, html=True, learnt=learnt)
     except PivotError as e:
         raise ModelRetry(f"{e.message}; {e.hint or ''}") from e
     session.emit("info", f"status summary {doc.path}")

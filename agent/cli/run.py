@@ -6,7 +6,7 @@ final message) goes to stdout, or as JSON with --json. Nothing needs a terminal.
 
 from __future__ import annotations
 
-import time
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -17,33 +17,13 @@ from agent import models as m
 from agent.cli.engines import ENGINE, _engine_options
 from agent.cli.mcp_options import check_investigator, mcp_options, settings_update, with_mcp_options
 from agent.cli.options import NOISE, SEED, field_number
+from agent.cli.progress import Progress
 from agent.console import err, out, print_json, warn
 from agent.defaults import SIMULATED, default_model, session_settings, setting, simulated_gpus
 from agent.errors import Interrupted, PivotError
 from agent.plans import load_plan
 from agent.session import Session
 from agent.text import printable
-
-
-class Progress:
-    """Events as one line each on stderr, with the seconds since the start."""
-
-    def __init__(self, quiet: bool = False) -> None:
-        self.start = time.monotonic()
-        self.quiet = quiet
-
-    def __call__(self, event: m.Event) -> None:
-        if self.quiet and event.kind not in ("warning", "error"):
-            return
-        mark = {"tool_call": "->", "tool_result": "<-", "warning": "!!", "error": "!!", "message": "??"}.get(
-            event.kind, "  "
-        )
-        err.print(
-            f"[{time.monotonic() - self.start:6.1f}s] {mark} {printable(event.message)}",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
 
 
 def _start(
@@ -121,8 +101,10 @@ def _run_loop(session: Session, answer: str | None = None) -> Any:
     """The agent loop on `session`; Ctrl-C is one line with the command that goes on where it stopped."""
     from agent import loop
 
+    events = session.events
     try:
-        return loop.run(session, answer=answer)
+        with events.running() if isinstance(events, Progress) else contextlib.nullcontext():
+            return loop.run(session, answer=answer)
     except KeyboardInterrupt:
         raise Interrupted(
             f"interrupted: session {session.id} stopped; everything it recorded is kept (the step cut short is redone)",
