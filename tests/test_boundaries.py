@@ -18,6 +18,7 @@ CORE = [
     *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "agent" / "contracts").glob("*.py")),
     *STORE,
     "agent/session.py",
+    "agent/paths.py",
     "agent/plugins.py",
     "agent/servers.py",
     "agent/errors.py",
@@ -150,12 +151,12 @@ def test_only_the_store_writes_sql():
 
 
 def test_only_the_reports_package_writes_under_docs_out():
-    """docs_out/ is reached through Paths.docs_dir/docs_root (agent/session.py defines them); only tools/reports/ asks."""
+    """docs_out/ is reached through Paths.docs_dir/docs_root (agent/paths.py defines them); only tools/reports/ asks."""
     pattern = ("docs_dir(", "docs_root")
     users = {
         rel
         for p in [*(ROOT / "agent").rglob("*.py"), *(ROOT / "tools").rglob("*.py")]
-        if (rel := str(p.relative_to(ROOT))) != "agent/session.py" and any(s in p.read_text() for s in pattern)
+        if (rel := str(p.relative_to(ROOT))) != "agent/paths.py" and any(s in p.read_text() for s in pattern)
     }
     assert users, "nothing writes under docs_out/: the rule checks nothing"
     assert not [u for u in users if not u.startswith("tools/reports/")], sorted(users)
@@ -258,3 +259,66 @@ def test_a_planted_import_that_runs_back_up_breaks_the_contract(tmp_path, module
     proc = _lint_imports(tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert proc.returncode != 0, proc.stdout[-2000:]
     assert "BROKEN" in proc.stdout and arrow in proc.stdout, proc.stdout[-3000:]
+
+
+# Circles left, each for an issue of its own: the method and its search are one knot until the proposer seam ([peers])
+# splits them; the loop, the autopilot, the investigator and the session tools call each other. Any other circle, a
+# function-local or a type-checking import included, fails.
+KNOWN_CIRCLES = [
+    {"tools.experiments", "tools.method.checks", "tools.method.compute", "tools.method.moves", "tools.method.offers",
+     "tools.probes", "tools.search"},
+    {"agent.autopilot", "agent.investigate", "agent.loop", "agent.session_tools"},
+]  # fmt: skip
+
+
+def circles(graph) -> list[set[str]]:
+    """The import graph's strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.find_modules_directly_imported_by(v):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.add(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(comp)
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for v in sorted(graph.modules):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles_but_the_known_ones():
+    import grimp
+
+    graph = grimp.build_graph("agent", "tools", include_external_packages=False)
+    new = [sorted(c) for c in circles(graph) if c not in KNOWN_CIRCLES]
+    assert not new, f"import circles: {new}"
+
+
+def test_the_circle_finder_finds_a_planted_circle():
+    import grimp
+
+    graph = grimp.ImportGraph()
+    for a, b in (("p.a", "p.b"), ("p.b", "p.c"), ("p.c", "p.a"), ("p.c", "p.d")):
+        graph.add_import(importer=a, imported=b)
+    assert circles(graph) == [{"p.a", "p.b", "p.c"}]

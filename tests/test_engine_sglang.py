@@ -23,7 +23,8 @@ from tests.procs import gone
 from tools.engines.command import CommandEngine
 from tools.engines.http import HttpDeployment, launch_in_session
 from tools.engines.process import FlagsRefused, ServerStartError, live_servers
-from tools.engines.sglang import SGLangEngine, sim_http_engine
+from tools.engines.sglang import SGLangEngine
+from tools.engines.sim.http_engine import sim_http_engine
 
 PY = sys.executable
 TIME_SCALE = 100.0

@@ -604,7 +604,7 @@ def test_11_answers_are_quoted_shortened_and_escaped_in_later_questions(paths):
 def test_2_sim_http_says_not_simulable_too(tmp_path):
     """`pivot sim serve` (the sim-http engine) refuses the same values, and its log is classified the same."""
     from tools.engines.process import ServerStartError
-    from tools.engines.sglang import sim_http_engine
+    from tools.engines.sim.http_engine import sim_http_engine
 
     deployment = sim_http_engine(time_scale=50, startup_s=0.1).launch(
         m.ServerConfig.parse(["--tp-size", "-8"]), tmp_path / "x.log"

@@ -13,8 +13,9 @@ from agent.session import Session
 from tools import reports
 from tools.engines.base import BaseEngine
 from tools.engines.command import CommandEngine
-from tools.engines.sglang import SGLangEngine, sim_http_engine
+from tools.engines.sglang import SGLangEngine
 from tools.engines.sim.engine import SimEngine
+from tools.engines.sim.http_engine import sim_http_engine
 from tools.method import Method
 
 PLAN = """

@@ -14,8 +14,8 @@ from tests.factories import bench_level
 from tools.engines import http
 from tools.engines.http import HttpDeployment
 from tools.engines.process import live_servers
-from tools.engines.sglang import sim_http_engine
 from tools.engines.sim.engine import SimEngine
+from tools.engines.sim.http_engine import sim_http_engine
 
 CONFIG = m.ServerConfig.parse("--tp-size 1")
 PROFILE = {"model_profile": "llama-3.3-70b-fp8", "hardware": "h200", "gpus": 1}

@@ -21,7 +21,7 @@ from agent.contracts.predictor import Predictor
 from agent.errors import PivotError
 
 if TYPE_CHECKING:
-    from agent.session import Paths
+    from agent.paths import Paths
     from agent.store import Store  # only a type here: a served twin (`sim serve`) never opens a ledger
 
 ProgressCallback = Callable[[str], None]

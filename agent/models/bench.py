@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from agent.models.base import _Model, utcnow
-from agent.models.objective import LoadAxis, SloMetric, check_slos
+from agent.models.slo import LoadAxis, SloMetric, check_slos
 
 # --------------------------------------------------------------------------------------------------
 # Benchmarks: the workload, and results with bench_serving's key names.

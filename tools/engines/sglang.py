@@ -3,7 +3,8 @@
     engine = SGLangEngine()                                   # python -m sglang.launch_server ... --host 127.0.0.1 --port P
     engine = SGLangEngine(launcher="serve")                   # sglang serve ...
     engine = SGLangEngine(prefix=["docker", "exec", "sgl"])   # docker exec sgl python3 -m sglang.launch_server ...
-    engine = sim_http_engine(time_scale=50)                   # the twin behind it (tools/engines/sim/http_engine.py)
+
+`sim-http` is tools/engines/sim/http_engine.py's SimHttpEngine: this engine, launching the twin's server.
 
 Flags are audited against SGLang's catalog before launch: flags SGLang would refuse (unknown, ambiguous,
 invalid) stop the launch with FlagsRefused unless `force`, and then it is SGLang's own refusal that is
@@ -219,10 +220,3 @@ class SGLangEngine(ServerEngine):
             "time_scale": self.time_scale,
             "auth_env": self.auth_env,
         }
-
-
-def sim_http_engine(**options: object) -> SGLangEngine:
-    """The sim-http engine (tools/engines/sim/http_engine.py) with `options`."""
-    from tools.engines.sim.http_engine import SimHttpEngine
-
-    return SimHttpEngine(**options)

@@ -6,15 +6,12 @@ import bisect
 import contextlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from agent import models as m
 from tools.engines.sim.common import TELEMETRY_WINDOW_S, sched_log
-
-if TYPE_CHECKING:
-    from tools.engines.sim.twin_server import TwinServer
 
 
 class Histogram:
@@ -37,10 +34,27 @@ class Histogram:
         return out
 
 
+class Scraped(Protocol):
+    """What the collector reads from the twin's server (tools/engines/sim/twin_server.py's TwinServer), named here so
+    this module does not import the server that mixes its endpoints in."""
+
+    served_model_name: str
+    core: Any  # the engine core: running and waiting requests, KV slots and usage
+    twin: Any  # the twin: its limits (KV capacity, the running-request cap)
+    last_gen_throughput: float
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    requests_total: int
+    aborted_total: int
+    ttft: Histogram
+    itl: Histogram
+    e2e: Histogram
+
+
 class TwinCollector:
     """SGLang's metric names, read from the server's state at scrape time."""
 
-    def __init__(self, server: TwinServer) -> None:
+    def __init__(self, server: Scraped) -> None:
         self.server = server
 
     def collect(self) -> Iterable[Any]:
