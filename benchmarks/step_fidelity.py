@@ -17,28 +17,30 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tools.engines.sim.step import step_cost  # noqa: E402
+from tools.stepbench import SHAPES  # noqa: E402
 
 PROFILES = {"llama-3.3-70b-fp8": "llama-3.3-70b-fp8"}  # a shipped profile for a stepbench shape; others: generated
 
 
 def profile_for(name: str, shapes: list[dict], folder: Path) -> str:
     """The shipped profile of a measured shape, else one generated (as a plan's target) from its config."""
-    if name in PROFILES:
-        return PROFILES[name]
     s = next(x for x in shapes if x["name"] == name)
+    if name in PROFILES and s == asdict(SHAPES[name]):  # the whole model (not a `--layers` cut of it)
+        return PROFILES[name]
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": s["layers"],
               "hidden_size": s["hidden"], "intermediate_size": s["intermediate"],
               "num_attention_heads": s["heads"], "num_key_value_heads": s["kv_heads"], "head_dim": s["head_dim"],
               "vocab_size": s["vocab"], "torch_dtype": "bfloat16", "tie_word_embeddings": False}  # fmt: skip
     if s["dtype"] == "fp8":
         config["quantization_config"] = {"quant_method": "fp8"}
-    target = folder / name
+    target = folder / f"{name}-{s['layers']}l"
     target.mkdir(parents=True, exist_ok=True)
     (target / "config.json").write_text(json.dumps(config))
     return str(target)
