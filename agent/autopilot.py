@@ -306,6 +306,8 @@ class Autopilot(Steps):
         why = (
             "stopped as you asked"
             if moves.decision.stopped_at is not None
+            else moves.why
+            if moves.why.startswith("the launch budget")
             else "nothing is left to do in the tiers opened so far"
         )
         return Call(None, text=f"Campaign finished ({why}): {line}. Final summary: {where}")

@@ -26,6 +26,7 @@ METHOD_SETTINGS = {
     "request_limit": "request_limit",
     "search": "search",
     "paired": "paired",
+    "max_launches": "max_launches",
     "parallel": "parallel",
     "ray": "executor",
     "ray_gpus": "ray_gpus",
@@ -81,6 +82,12 @@ def session_settings(
         if any(key in k.lower() for k in opts):
             raise PivotError("engine options are stored in the ledger: pass secrets through the environment")
     given = {field: method[option] for option, field in METHOD_SETTINGS.items() if method.get(option) is not None}
+    kind = "plan-order" if method.get("no_search") else method.get("search_kind")
+    if kind is not None:  # `--search KIND` (`--no-search`: plan-order): the proposer, and the twin's rules with it
+        given["proposer"], given["search"] = kind, kind != "plan-order"
+        from tools.peers import check_available
+
+        check_available(kind)
     if engine in SIMULATED and given.get("executor") == "local" and given.get("ray_gpus") is None:
         given["ray_gpus"] = simulated_gpus(int(opts.get("gpus") or target.gpus), int(given.get("parallel") or 1))
     return m.SessionSettings(**given, engine_options=opts)

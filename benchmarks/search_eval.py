@@ -104,7 +104,8 @@ class Campaign:
     pivots: int
 
 
-def run_campaign(plan_path: str, noise: float, seed: int, searched: bool = True, truth: str | None = None) -> Campaign:
+def run_campaign(plan_path: str, noise: float, seed: int, searched: bool | str = True, truth: str | None = None,
+                 budget: int | None = None) -> Campaign:  # fmt: skip
     """One campaign of the autopilot on the sim engine in a throwaway home, `continue` at every pivot (30 at most);
     an exception is an abort, kept as its error. With `truth`, the engine measures the target as that truth has it
     while the search keeps the plan's own twin (the sim engine's predictor is the stock twin)."""
@@ -120,9 +121,11 @@ def run_campaign(plan_path: str, noise: float, seed: int, searched: bool = True,
         store = Store(paths.db_path)
         t = plan.target
         options = {"model_profile": t.model_profile, "hardware": t.hardware, "gpus": t.gpus, "noise": noise}
+        proposer = searched if isinstance(searched, str) else "twin" if searched else "plan-order"
         settings = m.SessionSettings(
-            seed=seed, search=searched, engine_options={**options, **({"truth": truth} if truth else {})}
-        )
+            seed=seed, search=proposer != "plan-order", proposer=proposer, max_launches=budget,
+            engine_options={**options, **({"truth": truth} if truth else {})},
+        )  # fmt: skip
         session = Session.create(store, paths, plan, name=plan.name, engine_name="sim", settings=settings)
         pivots, status, error = 0, "failed", ""
         with session:
@@ -150,11 +153,12 @@ def campaign(args: tuple) -> dict:
     the twin (or, with a fifth member, against that truth file: what the engine measured with)."""
     plan_path, noise, seed, searched = args[:4]
     truth: str | None = args[4] if len(args) > 4 else None
+    budget: int | None = args[5] if len(args) > 5 else None
     from tools.engines.catalog import audit, load_catalog
     from tools.search import noop_reason
 
     started = time.monotonic()
-    run = run_campaign(plan_path, noise, seed, searched, truth)
+    run = run_campaign(plan_path, noise, seed, searched, truth, budget)
     plan, method, status, error, pivots = run.plan, run.method, run.status, run.error, run.pivots
     catalog = load_catalog("sglang", "0.5.23")
     noop_items = set()
@@ -181,7 +185,7 @@ def campaign(args: tuple) -> dict:
     best = method.best()
     final = true_tok(plan, best.config if best is not None else plan.target.base_config(), truth)
     print(
-        f"{plan.name} {'search' if searched else 'greedy'} noise {noise:g} seed {seed}: {launches} launches, "
+        f"{plan.name} {path_name(searched)} noise {noise:g} seed {seed}: {launches} launches, "
         f"{time.monotonic() - started:.0f} s",
         file=sys.stderr,
         flush=True,
@@ -234,7 +238,12 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=10, help="Seeds of the noisy campaigns.")
     ap.add_argument("--noise", type=float, default=0.015)
     ap.add_argument("--jobs", type=int, default=1)
-    ap.add_argument("--modes", default="search,greedy", help="search, greedy or both.")
+    ap.add_argument(
+        "--modes",
+        default="search,greedy",
+        help="search (the twin's), greedy (the plan's order), optuna-tpe, random (peers in the method).",
+    )
+    ap.add_argument("--max-launches", type=int, help="The launch budget of every campaign (pivot run --max-launches).")
     ap.add_argument("--json", dest="as_json", help="Also write every campaign's scores to this file.")
     opts = ap.parse_args()
     paths = [Path(p) for p in opts.plans] if opts.plans else sorted(PLANS.glob("*.toml"))
@@ -251,9 +260,9 @@ def main() -> None:
         GRID.write_text(json.dumps(cached, indent=1, sort_keys=True) + "\n")
     if opts.grid:
         return
-    modes = [mo == "search" for mo in opts.modes.split(",")]
+    modes = [mo == "search" if mo in ("search", "greedy") else mo for mo in opts.modes.split(",")]
     runs = [
-        (str(p), noise, seed, s)
+        (str(p), noise, seed, s, None, opts.max_launches)
         for p in paths
         for s in modes
         for noise, seeds in ((0.0, [0]), (opts.noise, list(range(1, opts.seeds + 1))))
@@ -269,16 +278,21 @@ def main() -> None:
     for r in results:
         groups.setdefault((r["plan"], r["search"], r["noise"]), []).append(r)
     for (plan, searched, noise), rs in groups.items():
-        print(_row(plan, "search" if searched else "greedy", f"{noise:g}", rs, cached))
-    for searched in sorted({r["search"] for r in results}, reverse=True):
+        print(_row(plan, path_name(searched), f"{noise:g}", rs, cached))
+    for searched in sorted({r["search"] for r in results}, key=path_name):
         rs = [r for r in results if r["search"] == searched]
-        print(_row("all", "search" if searched else "greedy", "both", rs, cached))
+        print(_row("all", path_name(searched), "both", rs, cached))
     for r in results:
         if r["aborted"]:
             print(
                 f"aborted: {r['plan']} noise {r['noise']:g} seed {r['seed']}: {r['outcome']}: {r['error']}",
                 file=sys.stderr,
             )
+
+
+def path_name(searched: bool | str) -> str:
+    """A campaign's path in the table: search (the twin's), greedy (the plan's order), or the peer's name."""
+    return searched if isinstance(searched, str) else "search" if searched else "greedy"
 
 
 TABLE_HEADER = (

@@ -45,6 +45,7 @@ from agent.errors import Interrupted, PivotError
 from tools import learn, reports
 from tools.method.answers import Decision
 from tools.method.reading import Method
+from tools.method.step import SEARCH_KINDS, Step, searchable  # noqa: F401 (the method's, re-exported)
 from tools.probes import _launched, fell_short, launchable, leave_one_out, own_launches, suspects
 
 MEMBER_MIN_PCT = 1.0  # each item of a combined step adds at least this much (predicted) given the others
@@ -53,7 +54,6 @@ BUNDLE_MIN_PCT = 0.2  # an item joins the bundle of small gains when it adds at 
 RETESTS = 1  # launches an item gets beyond its first, on a newer best
 REVERTS = 1  # launches that take an adopted item back, per item
 SWAP_SEEDS = 3  # the best candidates are also predicted with each adopted item taken back
-SEARCH_KINDS = ("flag", "config", "power")  # power: a GPU power limit (the twin models its power and clocks)
 RETEST_VERDICTS = ("no_gain", "regressed", "predicted", "superseded")
 
 
@@ -308,12 +308,6 @@ class Candidate:
         return " + ".join(added + dropped)
 
 
-def searchable(item: m.PlanItem) -> bool:
-    """Items the search ranks: flag, config and power-limit changes on the plan's workload."""
-    changes = item.flags is not None or bool(item.remove_flags) or item.power_limit_w is not None
-    return item.kind in SEARCH_KINDS and changes and not item.workload
-
-
 def item_issues(method: Method, validate, item: m.PlanItem) -> list[m.FlagIssue]:
     """The audit of the item's own flags on top of the best configuration."""
     config = item.apply(method.best_config())
@@ -519,33 +513,18 @@ def candidates(method: Method, d: Decision, surrogate: Surrogate | None = None) 
 # ---- the steps
 
 
-@dataclass
-class Step:
-    """One step the search (or the plan's order) proposes: a launch, or an item settled without one."""
-
-    action: Literal["launch", "predicted", "ruled_out", "not_measured"]
-    items: tuple[str, ...]
-    reason: str
-    candidate: Candidate | None = None
-    reverts: tuple[str, ...] = ()
-    flags: str | None = None  # a bounded retry's cap, when the user asked for it
-    baseline: bool = False  # the item's own workload measured first (its baseline)
-    experiment_id: int | None = None  # a rerun of this experiment (what was asked for ran already: a run more)
-
-    def launch_args(self) -> dict[str, object]:
-        """launch_server's arguments for this launch."""
-        if self.experiment_id is not None:
-            return {"experiment_id": self.experiment_id}
-        args: dict[str, object] = {"baseline": True} if self.baseline else {}
-        if len(self.items) > 1:
-            args["plan_items"] = list(self.items)
-        elif self.items:
-            args["plan_item"] = self.items[0]
-        if self.reverts:
-            args["revert_items"] = list(self.reverts)
-        if self.flags:
-            args["flags"] = self.flags
-        return args
+def audit_steps(method: Method, fresh: list[m.PlanItem], validate) -> list[Step]:
+    """Items the engine refuses, or accepts and reads nowhere, ruled out before any launch (every proposer's)."""
+    out: list[Step] = []
+    for item in fresh:
+        issues = item_issues(method, validate, item)
+        blocking = [i for i in issues if i.blocking]
+        if blocking:
+            why = "; ".join(f"{i.flag}: {i.message or i.status}" for i in blocking)
+            out.append(Step("ruled_out", (item.id,), f"refused before launch: {why}"))
+        elif (why := noop_reason(issues, item)) is not None:
+            out.append(Step("ruled_out", (item.id,), why))
+    return out
 
 
 def ranked_steps(method: Method, d: Decision, validate) -> list[Step]:
@@ -558,15 +537,7 @@ def ranked_steps(method: Method, d: Decision, validate) -> list[Step]:
     from tools.method.moves import promising  # the method's rule (moves imports this module)
 
     fresh, _ = pool(method, d)
-    out: list[Step] = []
-    for item in fresh:
-        issues = item_issues(method, validate, item)
-        blocking = [i for i in issues if i.blocking]
-        if blocking:
-            why = "; ".join(f"{i.flag}: {i.message or i.status}" for i in blocking)
-            out.append(Step("ruled_out", (item.id,), f"refused before launch: {why}"))
-        elif (why := noop_reason(issues, item)) is not None:
-            out.append(Step("ruled_out", (item.id,), why))
+    out = audit_steps(method, fresh, validate)
     settled = {s.items[0] for s in out}
     fresh = [it for it in fresh if it.id not in settled]
     sur = Surrogate(method)

@@ -368,11 +368,22 @@ def _method_options(f: Any) -> Any:
                 help="Pivot after this many changes in a row without gain.",
             ),
             click.option(
-                "--search/--no-search",
-                default=setting("search"),
+                "--search",
+                "search_kind",
+                type=click.Choice(["twin", "optuna-tpe", "random", "plan-order"]),
+                default=setting("proposer"),
                 show_default=True,
-                help="The twin-guided search with confirmed adoptions (tools/search.py); --no-search: the plain "
-                "greedy path (plan order, one item at a time), to compare.",
+                help="What proposes the launches: the twin-guided search with confirmed adoptions (tools/search.py), "
+                "a peer under the same method (Optuna's TPE, random configurations: tools/peers.py, needs "
+                "pip install -e '.[optuna]'), or the plain greedy path in the plan's order, to compare.",
+            ),
+            click.option("--no-search", is_flag=True, help="An alias of --search plan-order."),
+            click.option(
+                "--max-launches",
+                type=field_number(m.SessionSettings, "max_launches", max=100_000),
+                default=None,
+                help="A launch budget any search respects: no new launch once this many servers were started (a "
+                "verdict's confirming rerun may follow the last). Example: --search optuna-tpe --max-launches 12.",
             ),
             click.option(
                 "--paired",

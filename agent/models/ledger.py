@@ -235,6 +235,16 @@ class SessionSettings(_Model):
         description="A decisive change judged in pairs with its base measured again after it (A/B/A; "
         "tools/method/paired.py): auto pairs an engine that measures (not a simulated one), on always, off never.",
     )
+    proposer: Literal["twin", "optuna-tpe", "random", "plan-order"] = Field(
+        default="twin",
+        description="What proposes the launches (`--search`): the twin-guided search, a peer (Optuna's TPE, random "
+        "configurations: tools/peers.py) under the same method, or the plan's order (`search` off).",
+    )
+    max_launches: int | None = Field(
+        default=None,
+        ge=1,
+        description="The launch budget (`--max-launches`): no new launch once this many servers were started.",
+    )
     search: bool = Field(
         default=True,
         description="The twin-guided search (tools/search.py: predicted candidates, combined steps, retests, no "

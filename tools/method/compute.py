@@ -6,7 +6,7 @@ from datetime import datetime
 
 from agent import models as m
 from agent.session import Session
-from tools import experiments, search
+from tools import experiments, peers, search
 from tools.method.answers import Decision, decision
 from tools.method.moves import (
     BASELINE_RUNS_MAX,
@@ -275,16 +275,20 @@ def _work(session: Session, method: Method, mv: Moves) -> None:
                 unclear = f"Item {item_id} cannot be run: experiment {settled[-1].number}: {settled[-1].reason}."
             continue
         requests.append(audited)
-    searched = [] if d.stopped_at is not None else search.ranked_steps(method, d, validate)
+    searched = [] if d.stopped_at is not None else _proposed(method, mv, validate)
     searched = [_unmeasured(session, method, a) for s in searched if (a := _audited(method, validate, s)) is not None]
     covered = {i for s in searched for i in s.items}
+    if method.settings.proposer in peers.PEERS:  # a peer owns its whole scope: no plan order after it
+        covered |= {it.id for it in peers.scope(method, d)}
     fallback = [] if d.stopped_at is not None else _fallback(session, method, d, covered, validate)
     released = searched + [a for s in fallback if (a := _audited(method, validate, s)) is not None]
     mv.steps = requests + released
+    spent = _budget_spent(method, mv)
+    released = [s for s in released if s in mv.steps]
     for s in mv.steps:
         if s.action != "launch":
             mv.settle.setdefault(s.items[0], {})[s.action] = s.reason  # type: ignore[index]
-    mv.pivot = _pivot_due(session, method, mv, bool(released), unclear)
+    mv.pivot = None if spent else _pivot_due(session, method, mv, bool(released), unclear)
     if mv.pivot is not None and mv.pivot.kind in ("crash", "stall"):
         crashed = method.experiment(mv.pivot.experiment_id) if mv.pivot.kind == "crash" else None
         mv.offers = offers(session, method, d, mv.pivot.closes, crashed)
@@ -293,8 +297,35 @@ def _work(session: Session, method: Method, mv: Moves) -> None:
         _clear(mv)
     elif not mv.steps:
         mv.phase = "finished"
-        mv.why = "the user answered stop" if d.stopped_at is not None else "nothing left to do in the opened tiers"
+        mv.why = (
+            "the user answered stop" if d.stopped_at is not None
+            else spent or "nothing left to do in the opened tiers"
+        )  # fmt: skip
         _clear(mv)
+
+
+def _proposed(method: Method, mv: Moves, validate) -> list[search.Step]:
+    """The steps the session's proposer offers in the released tiers: the twin-guided search (tools/search.py), or a
+    peer (tools/peers.py: Optuna's TPE, random) after the same audit; none for the plan's order (the fallback)."""
+    kind = method.settings.proposer
+    if kind not in peers.PEERS:
+        return search.ranked_steps(method, mv.decision, validate)
+    fresh, _ = search.pool(method, mv.decision)
+    audit = search.audit_steps(method, fresh, validate)
+    refused = {s.items[0] for s in audit}
+    return audit + [s for s in peers.steps(method, mv.decision, kind, mv.reverts) if not set(s.items) & refused]
+
+
+def _budget_spent(method: Method, mv: Moves) -> str | None:
+    """With a launch budget (`--max-launches`) spent: no new launch (steps, items, reverts, retries, reruns of the
+    work phase) and the words that say so; else None. A rerun a verdict waits for was allowed before this phase."""
+    budget = method.settings.max_launches
+    if budget is None or (spent := peers.launches_spent(method)) < budget:
+        return None
+    mv.steps = [s for s in mv.steps if s.action != "launch"]
+    mv.items, mv.reverts, mv.profiles, mv.workload_baselines = frozenset(), frozenset(), frozenset(), frozenset()
+    mv.retries, mv.reruns = {}, {}
+    return f"the launch budget is spent ({spent} launches of {budget}: --max-launches)"
 
 
 def _clear(mv: Moves) -> None:
@@ -330,7 +361,8 @@ def _allowed(session: Session, method: Method, mv: Moves) -> None:
     mv.reverts = frozenset(
         i
         for i in method.active_items()
-        if i in plan.item_ids() and search.revert_launches(method, i) < search.REVERTS
+        if i in plan.item_ids() and (method.settings.proposer in peers.PEERS  # a peer never repeats a configuration
+                                     or search.revert_launches(method, i) < search.REVERTS)
         and (mv.decision.stopped_at is None or i in asked)
     )  # fmt: skip
     for e in method.experiments:
