@@ -61,7 +61,7 @@ def build_tokenizer(out: Path, vocab_size: int = VOCAB):
 
 def build_model(out: Path, args: argparse.Namespace, eos_id: int) -> int:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
     hidden = args.hidden
     heads = args.heads or max(hidden // 64, 1)
@@ -70,7 +70,12 @@ def build_model(out: Path, args: argparse.Namespace, eos_id: int) -> int:
     kv_heads = args.kv_heads or max(hidden // 256, 1)
     if heads % kv_heads:
         raise SystemExit(f"--heads {heads} is not a multiple of --kv-heads {kv_heads}")
-    config = LlamaConfig(
+    config_class, model_class = (
+        (MistralConfig, MistralForCausalLM) if args.arch == "mistral" else (LlamaConfig, LlamaForCausalLM)
+    )
+    extra = {"sliding_window": args.sliding_window} if args.arch == "mistral" else {}
+    config = config_class(
+        **extra,
         vocab_size=args.vocab,
         hidden_size=hidden,
         intermediate_size=args.intermediate or int(hidden * 2.75) // 64 * 64,
@@ -81,10 +86,10 @@ def build_model(out: Path, args: argparse.Namespace, eos_id: int) -> int:
         bos_token_id=1,
         eos_token_id=eos_id,
         pad_token_id=0,
-        tie_word_embeddings=False,
+        tie_word_embeddings=args.tied,
     )
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model = model_class(config).to(torch.bfloat16)
     with torch.no_grad():
         model.lm_head.weight[eos_id].zero_()
     model.save_pretrained(out)
@@ -101,6 +106,10 @@ def main() -> None:
     parser.add_argument("--intermediate", type=int, help="MLP width (default 2.75 x hidden, a multiple of 64)")
     parser.add_argument("--vocab", type=int, default=VOCAB, help=f"vocabulary size (default {VOCAB})")
     parser.add_argument("--max-position", type=int, default=4096, help="max_position_embeddings (default 4096)")
+    parser.add_argument("--arch", choices=("llama", "mistral"), default="llama",
+                        help="llama (default) or mistral (with --sliding-window)")  # fmt: skip
+    parser.add_argument("--sliding-window", type=int, help="mistral: the attention window in tokens (None: full)")
+    parser.add_argument("--tied", action="store_true", help="the output layer shares the embedding's weights")
     parser.add_argument("--tokenizer-only", action="store_true")
     args = parser.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)

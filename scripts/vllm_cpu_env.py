@@ -127,17 +127,21 @@ def ensure_venv(cache: Path, version: str, rebuild: bool) -> tuple[Path, float, 
 def shape_args(args: argparse.Namespace) -> list[str]:
     """make_tiny_model's shape options as given (unset ones keep its defaults)."""
     out = ["--layers", str(args.layers), "--hidden", str(args.hidden), "--vocab", str(args.vocab)]
-    for name in ("heads", "kv_heads", "intermediate"):
+    for name in ("heads", "kv_heads", "intermediate", "sliding_window"):
         value = getattr(args, name)
         if value:
             out += [f"--{name.replace('_', '-')}", str(value)]
+    if args.arch != "llama":
+        out += ["--arch", args.arch]
+    if args.tied:
+        out.append("--tied")
     return out
 
 
 def ensure_model(cache: Path, python: Path, args: argparse.Namespace) -> tuple[Path, float]:
     """The tiny model of this shape under <cache>/tiny-models, made once with the venv's Python."""
     shape = shape_args(args)
-    name = "llama-" + "-".join(x.lstrip("-") for x in shape)
+    name = f"{args.arch}-" + "-".join(x.lstrip("-") for x in shape if x not in ("--arch", args.arch))
     out = Path(args.model_dir) if args.model_dir else cache / "tiny-models" / name
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
         say(f"reusing the tiny model {out}")
@@ -164,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-heads", type=int)
     ap.add_argument("--intermediate", type=int)
     ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--arch", choices=("llama", "mistral"), default="llama")
+    ap.add_argument("--sliding-window", type=int, help="mistral: the attention window in tokens")
+    ap.add_argument("--tied", action="store_true", help="tied input and output embeddings")
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     args = ap.parse_args(argv)
     cache = cache_dir(args.cache)

@@ -2,8 +2,9 @@
 user would drive it. Marked `real_engine` (left out of the default run); it needs $PIVOT_VLLM_PYTHON, the interpreter
 of the venv scripts/vllm_cpu_env.py builds, and $PIVOT_CACHE_DIR, where that script keeps its venv and models.
 
-- a model of another shape (2 layers, hidden 384, 6 heads, 2 KV heads, a 12,000-word vocabulary), a plan of the test's
-  own naming no profile: `pivot plan check` passes with vLLM's installed parser; `pivot launch-bench` serves it (the
+- a model of another shape and architecture (a Mistral: 2 layers, hidden 384, 6 heads, 2 KV heads, a 64-token sliding
+  window, the output layer tied to the embedding, a 12,000-word vocabulary), a plan of the test's own naming no
+  profile: its generated profile counts the tied matrix once and keeps the window; `pivot plan check` passes with vLLM's installed parser; `pivot launch-bench` serves it (the
   prompts follow its 12,000 ids: the default 32,000 would be refused) and samples vLLM's gauges; nothing is left
   running;
 - the shipped plan (plans/tiny-llama-cpu-vllm.toml) run to its end: the baseline twice, a real verdict, the item whose
@@ -58,9 +59,11 @@ def no_server_left(home: Path, session: str) -> None:
 
 @pytest.fixture(scope="module")
 def other_shape() -> Path:
-    """A tiny Llama of another shape than the shipped plan's, made (once) by the stage's script."""
+    """A tiny model of another shape and architecture than the shipped plan's, made (once) by the stage's script: a
+    Mistral with a 64-token sliding window and its output layer tied to the embedding."""
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "vllm_cpu_env.py"), "--model-only", "--json",
-                           "--layers", "2", "--hidden", "384", "--heads", "6", "--kv-heads", "2", "--vocab", "12000"],
+                           "--layers", "2", "--hidden", "384", "--heads", "6", "--kv-heads", "2", "--vocab", "12000",
+                           "--arch", "mistral", "--sliding-window", "64", "--tied"],
                           capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     return Path(json.loads(done.stdout)["model"])
@@ -105,6 +108,12 @@ def test_another_shape_checks_launches_benchmarks_and_stops(tmp_path, other_shap
     assert [p for p in problems if p["severity"] == "error"] == []
     assert any(t.startswith("flags audited by vLLM 0.32.0's own parser") for t in texts), texts
     assert any(t.startswith("model profile generated from") for t in texts), texts
+    from tools.profiles.generated import model_from_config
+
+    profile = model_from_config(other_shape / "config.json", str(other_shape))  # the shape as transformers saved it
+    assert (profile.sliding_window, profile.sliding_window_layers) == (64, 2)
+    heads = [p for p in profile.model_dump()["parts"] if "lm_head" in p["name"] or p["name"] == "embedding"]
+    assert [p["name"] for p in heads] == ["lm_head (tied to the embedding)"], heads  # counted once
 
     flags = ["--model", str(other_shape), *BASE.split()]
     telemetry = tmp_path / "telemetry.jsonl"
