@@ -48,7 +48,7 @@ def test_wheel_ships_the_plans_and_the_entry_points(tmp_path):
            "-w", str(tmp_path), str(ROOT)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    (wheel,) = tmp_path.glob("pivot-*.whl")
+    (wheel,) = tmp_path.glob("pivot_serving-*.whl")
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         entry_points = next(zf.read(n).decode() for n in names if n.endswith("entry_points.txt"))
