@@ -20,9 +20,11 @@ included):
     .venv/bin/python benchmarks/search_eval.py --modes search --seeds 3 --json /tmp/pivot.json
     .venv/bin/python benchmarks/peers.py --pivot /tmp/pivot.json --seeds 10
 
-Optuna's GPSampler needs torch and is left out where torch is not installed (it says so). The proposer seam that
-would run these peers *inside* pivot's method (`pivot run --search optuna-tpe`) is not built yet: here they run on
-the grid, with no method (no noise band, no reruns): what a plain tuner does.
+Optuna's GPSampler needs torch and is left out where torch is not installed (it says so). Here the peers run on the
+grid, with no method (no noise band, no reruns): what a plain tuner does. The same peers *inside* pivot's method
+(`pivot run --search optuna-tpe|random`, tools/peers.py) are scored by benchmarks/search_eval.py:
+
+    .venv/bin/python benchmarks/search_eval.py --modes search,optuna-tpe,random --seeds 2 --max-launches 16
 """
 
 from __future__ import annotations

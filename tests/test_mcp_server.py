@@ -245,6 +245,10 @@ async def test_http_checks_host_origin_and_the_bearer_token(pivot_home, tmp_path
             assert rebound.status_code in (403, 421), rebound.status_code
             page = await http.post(url, json=INITIALIZE, headers={**good, "Origin": "http://evil.example"})
             assert page.status_code == 403, page.status_code
+            # G13 over HTTP: a body that is not JSON, or JSON nested past the parser's limit, is answered -32700
+            for body in (b"not json", b"[" * 100_000 + b"]" * 100_000):
+                bad = await http.post(url, content=body, headers=good)
+                assert bad.status_code == 400 and bad.json()["error"]["code"] == -32700, bad.text[:300]
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=60)
