@@ -24,9 +24,10 @@ METHOD_SETTINGS = {
     "stall_after": "stall_after",
     "seed": "seed",
     "request_limit": "request_limit",
-    "search": "search",
+    "search_kind": "proposer",  # `--search KIND`; `--no-search` (plan-order) and the `search` setting follow it
     "paired": "paired",
     "max_launches": "max_launches",
+    "fit_twin": "fit_twin",
     "parallel": "parallel",
     "ray": "executor",
     "ray_gpus": "ray_gpus",

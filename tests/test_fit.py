@@ -79,3 +79,32 @@ def test_scaled_holds_power_activity_at_most_one():
     hw = load_hardware("h200")
     assert scaled(hw, {"power": 10.0}).calibration.power_activity == pytest.approx(1.0)
     assert scaled(hw, {"host": 2.0}).calibration.host_ms_per_step == 2 * hw.calibration.host_ms_per_step
+
+
+def test_with_fit_twin_the_search_ranks_by_the_fitted_twin(store, paths, tmp_path):
+    """`--fit-twin`: after the baseline and three experiments on hardware unlike its profile, the search's predictor is
+    the twin on the fitted profile, and it predicts an unmeasured configuration far closer to what the engine
+    measures than the stock twin does; without the setting the stock twin stays."""
+    from tools import search
+    from tools.engines.sim.predictor import TwinPredictor
+
+    truth = tmp_path / "truth.toml"
+    truth.write_text(
+        '[hardware.scale]\n"calibration.host_ms_per_step" = 2.0\n'
+        + "".join(f'"dense_tflops.{k}" = 0.7\n' for k in load_hardware("rtx-pro-6000-blackwell").dense_tflops)
+    )
+    s, plan = _campaign(store, paths, tmp_path, str(truth), ["02", "04", "06"])
+    method = Method.read(store, s.id)
+    stock = search.Surrogate(method).predictor
+    assert isinstance(stock, TwinPredictor) and stock.hardware_name == plan.target.hardware  # the setting is off
+    store.set_session_settings(s.id, method.settings.model_copy(update={"fit_twin": True}))
+    fitted = search.Surrogate(Method.read(store, s.id)).predictor
+    assert isinstance(fitted, TwinPredictor) and fitted.hardware_name != stock.hardware_name
+    config = plan.item("05").apply(plan.target.base_config())  # never measured
+    level = max(plan.workload.concurrency)
+    engine = SimEngine(model_profile=plan.target.model_profile, hardware=plan.target.hardware, gpus=plan.target.gpus,
+                       truth=str(truth))  # fmt: skip
+    measured = engine.launch(config, tmp_path / "05.log").benchmark(plan.workload).level(level).output_throughput
+    errors = [abs(p.predict(config, plan.workload, level).level.output_throughput / measured - 1) for p in (stock,
+              fitted)]  # fmt: skip
+    assert errors[1] < 0.05 and errors[1] < errors[0] / 2, errors

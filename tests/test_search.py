@@ -406,8 +406,11 @@ def test_no_search_on_the_command_line_is_the_greedy_setting() -> None:
 
     method = {"min_gain": 3.0, "reruns": 1, "stall_after": 3, "seed": 0, "request_limit": 400}
     target = make_plan(["01"]).target
-    assert _settings(target, "sim", {}, None, {**method, "search": False}).search is False
-    assert _settings(target, "sim", {}, None, {**method, "search": True}).search is True
+    greedy = _settings(target, "sim", {}, None, {**method, "no_search": True})
+    assert (greedy.search, greedy.proposer) == (False, "plan-order")
+    assert _settings(target, "sim", {}, None, {**method, "search_kind": "plan-order"}).search is False
+    peer = _settings(target, "sim", {}, None, {**method, "search_kind": "optuna-tpe"})
+    assert (peer.search, peer.proposer) == (True, "optuna-tpe")  # a peer under the method's confirmed adoptions
     assert _settings(target, "sim", {}, None, method).search is True  # the default: the search
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -221,3 +222,32 @@ def _base(hw: HardwareProfile, path: str) -> float | None:
     for part in path.split("."):
         node = node.get(part) if isinstance(node, dict) else None
     return float(node) if isinstance(node, int | float) else None
+
+
+# ---- the fitted twin in the search's predictions (`pivot run --fit-twin`)
+
+_FITTED: dict[tuple, Any] = {}  # (session, what was measured) -> the fitted predictor (or the stock one)
+
+
+def fitted_predictor(method: Method, predictor: Any) -> Any:
+    """The twin the search ranks by, fitted to this target: with the session's `fit_twin` setting, a twin predictor
+    (the simulated engines') becomes the same twin on the hardware profile scaled by the multipliers the campaign's
+    measurements identify (fit_target); the fit is made again only when a measurement was added. Any other
+    predictor, and a fit that identifies nothing, is returned as it is."""
+    from tools.engines.sim.predictor import TwinPredictor
+
+    if not method.settings.fit_twin or not isinstance(predictor, TwinPredictor) or predictor.truth:
+        return predictor
+    key = (method.record.id, predictor.model_profile, predictor.hardware_name, predictor.gpus,
+           tuple((e.id, method.run_count(e), e.verdict) for e in method.experiments))  # fmt: skip
+    if key not in _FITTED:
+        fit = fit_target(method, predictor.model_profile, predictor.hardware_name, predictor.gpus)
+        multipliers = {p.name: p.value for p in (fit.parameters if fit else []) if p.identified}
+        if len(_FITTED) > 64:
+            _FITTED.pop(next(iter(_FITTED)))
+        _FITTED[key] = (
+            TwinPredictor(predictor.model_profile, scaled(load_hardware(predictor.hardware_name), multipliers),
+                          predictor.gpus)
+            if any(abs(v - 1) > 1e-3 for v in multipliers.values()) else predictor
+        )  # fmt: skip
+    return _FITTED[key]

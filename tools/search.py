@@ -121,6 +121,10 @@ class Surrogate:
         self.method = method
         plan = method.plan
         self.predictor = predictor if predictor is not None else predictor_for(method)
+        if predictor is None and method.settings.fit_twin:  # the twin fitted to this target (tools/fit.py)
+            from tools.fit import fitted_predictor
+
+            self.predictor = fitted_predictor(method, self.predictor)
         self.objective = method.objective
         self.workload = plan.workload
         self.best = method.best()

@@ -379,6 +379,13 @@ def _method_options(f: Any) -> Any:
             ),
             click.option("--no-search", is_flag=True, help="An alias of --search plan-order."),
             click.option(
+                "--fit-twin",
+                is_flag=True,
+                default=setting("fit_twin"),
+                help="Rank by the twin fitted to this target: its host overhead, GEMM efficiency, bandwidth and power "
+                "scaled to every level measured so far (tools/fit.py; seconds of simulation after each measurement).",
+            ),
+            click.option(
                 "--max-launches",
                 type=field_number(m.SessionSettings, "max_launches", max=100_000),
                 default=None,

@@ -240,6 +240,11 @@ class SessionSettings(_Model):
         description="What proposes the launches (`--search`): the twin-guided search, a peer (Optuna's TPE, random "
         "configurations: tools/peers.py) under the same method, or the plan's order (`search` off).",
     )
+    fit_twin: bool = Field(
+        default=False,
+        description="The search ranks by the twin fitted to this target (`--fit-twin`, tools/fit.py: host overhead, "
+        "GEMM efficiency, bandwidth and power scaled to what the campaign measured), made again after each measurement.",
+    )
     max_launches: int | None = Field(
         default=None,
         ge=1,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agent import models as m
 from agent.contracts import Prediction
@@ -37,20 +37,24 @@ class TwinPredictor:
     """The SGLang twin for one model profile on `gpus` GPUs of one hardware profile."""
 
     model_profile: str
-    hardware: str
+    hardware: Any  # a hardware profile's name or file, or a HardwareProfile (the twin fitted to a target: tools/fit.py)
     gpus: int
     truth: str | None = None  # a truth file (tools/engines/sim/truth.py): the twin as the target really behaves
 
     @property
+    def hardware_name(self) -> str:
+        return str(getattr(self.hardware, "name", self.hardware))
+
+    @property
     def name(self) -> str:
         told = f", as the truth {self.truth} has it" if self.truth else ""
-        return f"the SGLang twin ({self.model_profile} on {self.gpus}x {self.hardware}{told})"
+        return f"the SGLang twin ({self.model_profile} on {self.gpus}x {self.hardware_name}{told})"
 
     def predict(self, config: m.ServerConfig, spec: m.BenchSpec, level: int) -> Prediction:
         """`config` at `level` of `spec`, from the cache when it has it."""
         outer = (
             self.model_profile,
-            self.hardware,
+            self.hardware_name,
             self.gpus,
             self.truth,
             str(config),
