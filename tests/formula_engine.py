@@ -228,3 +228,26 @@ def formula_plan(
         tiers={t: f"tier {t}" for t in sorted(set(tiers.values()))},
         items=items,
     )
+
+
+def run_to_the_end(home: Path, plan: m.Plan, engine: FormulaEngine, settings: m.SessionSettings,
+                   continues: int = 4) -> tuple[Any, str, Any]:  # fmt: skip
+    """A formula campaign through the real loop in a home of its own, `continue` at each pivot (up to `continues`):
+    (its store, its session id, the last run's outcome)."""
+    from agent import loop
+    from agent.session import Paths, Session
+    from agent.store import Store
+
+    paths = Paths.from_env(home)
+    paths.state_dir.mkdir(parents=True, exist_ok=True)
+    store = Store(paths.db_path)
+    with Session.create(store, paths, plan, engine=engine, settings=settings) as s:
+        sid = s.id
+    with Session.open(store, paths, sid, engine=engine) as s:
+        out = loop.run(s)
+    for _ in range(continues):
+        if out.status != "pivot":
+            break
+        with Session.open(store, paths, sid, engine=engine) as s:
+            out = loop.run(s, answer="continue")
+    return store, sid, out

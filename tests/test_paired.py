@@ -7,11 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from agent import loop
 from agent import models as m
-from agent.session import Paths, Session
 from agent.store import Store
-from tests.formula_engine import Effect, Formula, FormulaEngine, FormulaPredictor, formula_plan
+from tests.formula_engine import Effect, Formula, FormulaEngine, FormulaPredictor, formula_plan, run_to_the_end
 from tools import search
 from tools.method import Method
 from tools.method.paired import back_to_back, pair
@@ -37,19 +35,8 @@ def campaign(tmp_path: Path, monkeypatch, paired: str, drift: float) -> tuple[St
     plan = formula_plan(EFFECTS, {"01": 1, "02": 1}, {"01": "+5%", "02": "+30%"})
     monkeypatch.setattr(search, "predictor_for", lambda method: FormulaPredictor(formula))
     engine = FormulaEngine(formula, drift=drift)
-    paths = Paths.from_env(tmp_path / paired)
-    paths.state_dir.mkdir(parents=True, exist_ok=True)
-    store = Store(paths.db_path)
     settings = m.SessionSettings(paired=paired, search=False)  # the plain path: every item launched in plan order
-    with Session.create(store, paths, plan, engine=engine, settings=settings) as s:
-        sid = s.id
-    with Session.open(store, paths, sid, engine=engine) as s:
-        out = loop.run(s)
-    for _ in range(3):
-        if out.status != "pivot":
-            break
-        with Session.open(store, paths, sid, engine=engine) as s:
-            out = loop.run(s, answer="continue")
+    store, sid, _ = run_to_the_end(tmp_path / paired, plan, engine, settings, continues=3)
     return store, sid
 
 

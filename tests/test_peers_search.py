@@ -10,11 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from agent import loop
 from agent import models as m
-from agent.session import Paths, Session
 from agent.store import Store
-from tests.formula_engine import Effect, Formula, FormulaEngine, FormulaPredictor, formula_plan
+from tests.formula_engine import Effect, Formula, FormulaEngine, FormulaPredictor, formula_plan, run_to_the_end
 from tools import peers, search
 from tools.method import Method
 
@@ -62,20 +60,8 @@ def campaign_outcome(home: Path, monkeypatch, proposer: str, budget: int | None,
     plan = formula_plan(EFFECTS, TIERS, {i: "+5%" for i in EFFECTS})
     monkeypatch.setattr(search, "predictor_for", lambda method: FormulaPredictor(formula))
     engine = FormulaEngine(formula, noise=0.0)
-    paths = Paths.from_env(home)
-    paths.state_dir.mkdir(parents=True, exist_ok=True)
-    store = Store(paths.db_path)
     settings = m.SessionSettings(proposer=proposer, search=proposer != "plan-order", max_launches=budget, seed=seed)
-    with Session.create(store, paths, plan, engine=engine, settings=settings) as s:
-        sid = s.id
-    with Session.open(store, paths, sid, engine=engine) as s:
-        out = loop.run(s)
-    for _ in range(4):
-        if out.status != "pivot":
-            break
-        with Session.open(store, paths, sid, engine=engine) as s:
-            out = loop.run(s, answer="continue")
-    return store, sid, out
+    return run_to_the_end(home, plan, engine, settings)
 
 
 @pytest.mark.parametrize("proposer", PROPOSERS)
