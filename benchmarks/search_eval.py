@@ -17,7 +17,7 @@ Each campaign is scored:
   against the grid's size;
 - noop launches: launches of an item whose flags are all no-ops in SGLang 0.5.23;
 - false adoptions: adopted while the noise-free change (the twin, the experiment's config against its base's) is
-  below the --min-gain floor (3%); false regressions: regressed while the noise-free change is above -3%;
+  below the campaign's least gain (min_gain_pct, 3%); false regressions: regressed while it is above minus that;
 - reverts: launches that took an adopted item back (the best configuration rebuilt without it), and how many of
   them were adopted;
 - aborts: campaigns that ended other than finished (a failure, a stop, an exception, or still at a pivot after 30).
@@ -45,7 +45,6 @@ from agent.plans import load_plan  # noqa: E402
 
 PLANS = ROOT / "benchmarks" / "search_plans"
 GRID = ROOT / "benchmarks" / "search_grid.json"
-FLOOR = 3.0
 
 
 def _items(plan: m.Plan) -> list[m.PlanItem]:
@@ -105,10 +104,11 @@ class Campaign:
 
 
 def run_campaign(plan_path: str, noise: float, seed: int, searched: bool | str = True, truth: str | None = None,
-                 budget: int | None = None) -> Campaign:  # fmt: skip
+                 budget: int | None = None, min_gain: float | None = None) -> Campaign:  # fmt: skip
     """One campaign of the autopilot on the sim engine in a throwaway home, `continue` at every pivot (30 at most);
     an exception is an abort, kept as its error. With `truth`, the engine measures the target as that truth has it
-    while the search keeps the plan's own twin (the sim engine's predictor is the stock twin)."""
+    while the search keeps the plan's own twin (the sim engine's predictor is the stock twin). `min_gain`: the
+    session's least gain adopted (default: the setting's own)."""
     from agent import loop
     from agent.session import Paths, Session
     from agent.store import Store
@@ -125,6 +125,7 @@ def run_campaign(plan_path: str, noise: float, seed: int, searched: bool | str =
         settings = m.SessionSettings(
             seed=seed, search=proposer != "plan-order", proposer=proposer, max_launches=budget,
             engine_options={**options, **({"truth": truth} if truth else {})},
+            **({"min_gain_pct": min_gain} if min_gain is not None else {}),
         )  # fmt: skip
         session = Session.create(store, paths, plan, name=plan.name, engine_name="sim", settings=settings)
         pivots, status, error = 0, "failed", ""
@@ -154,11 +155,12 @@ def campaign(args: tuple) -> dict:
     plan_path, noise, seed, searched = args[:4]
     truth: str | None = args[4] if len(args) > 4 else None
     budget: int | None = args[5] if len(args) > 5 else None
+    min_gain: float | None = args[6] if len(args) > 6 else None
     from tools.engines.catalog import audit, load_catalog
     from tools.search import noop_reason
 
     started = time.monotonic()
-    run = run_campaign(plan_path, noise, seed, searched, truth, budget)
+    run = run_campaign(plan_path, noise, seed, searched, truth, budget, min_gain)
     plan, method, status, error, pivots = run.plan, run.method, run.status, run.error, run.pivots
     catalog = load_catalog("sglang", "0.5.23")
     noop_items = set()
@@ -179,8 +181,9 @@ def campaign(args: tuple) -> dict:
         if e.verdict in ("adopted", "regressed") and base is not None:
             before, after = true_tok(plan, base.config, truth), true_tok(plan, e.config, truth)
             change = (after - before) / before * 100 if before else 0.0
-            false_adopt += e.verdict == "adopted" and change < FLOOR
-            false_regress += e.verdict == "regressed" and change > -FLOOR
+            floor = method.settings.min_gain_pct  # the least gain the campaign was asked to adopt
+            false_adopt += e.verdict == "adopted" and change < floor
+            false_regress += e.verdict == "regressed" and change > -floor
     steps = [_step(plan, method, e, truth) for e in method.experiments]
     best = method.best()
     final = true_tok(plan, best.config if best is not None else plan.target.base_config(), truth)
@@ -204,6 +207,7 @@ def campaign(args: tuple) -> dict:
         "reverts": reverts,
         "reverts_adopted": reverts_adopted,
         "pivots": pivots,
+        "min_gain_pct": method.settings.min_gain_pct,
         "outcome": status,
         "aborted": status != "finished",
         "error": error[:300],
