@@ -121,3 +121,52 @@ def test_the_cli_runs_a_peer_under_a_budget_and_refuses_a_bad_one(tmp_path):
     bad = runner.invoke(cli, ["--home", str(tmp_path / "other"), "run", plan, "--search", "annealing"])
     assert bad.exit_code == 2 and "annealing" in bad.output
     assert not (tmp_path / "other" / "state" / "pivot.db").exists()
+
+
+def test_what_does_not_start_is_an_infeasible_trial(tmp_path, monkeypatch):
+    """A configuration that did not start is told to the sampler as infeasible (Optuna 5's constraints: `starts`
+    = 1, the worst value measured), every measured one as feasible, so TPE learns to avoid what does not run; a step
+    the method would not take is told infeasible too (`method` = 1) and never proposed."""
+    import optuna
+
+    effects = {**EFFECTS, "06": Effect("--knob-f 1", startup=True)}
+    tiers = {**TIERS, "06": 1}
+    formula = Formula(effects)
+    plan = formula_plan(effects, tiers, {i: "+5%" for i in effects})
+    monkeypatch.setattr(search, "predictor_for", lambda method: FormulaPredictor(formula))
+    settings = m.SessionSettings(proposer="optuna-tpe", search=True, max_launches=14, seed=3)
+    store, sid, _ = run_to_the_end(tmp_path, plan, FormulaEngine(formula, noise=0.0), settings)
+    method = Method.read(store, sid)
+    assert any("06" in e.plan_items and e.verdict == "crashed" for e in method.experiments)
+    studies: list[optuna.Study] = []
+    create = optuna.create_study
+    monkeypatch.setattr(optuna, "create_study", lambda **kw: studies.append(create(**kw)) or studies[-1])
+    from tools.method.answers import Decision
+
+    found = peers.propose(method, Decision(released={1}), "optuna-tpe", ok=lambda c: "03" not in c)
+    assert found is None or "03" not in found[0]
+    trials = studies[0].trials
+    crashed = [t for t in trials if t.params.get("--knob-f") == "06" and t.constraints.get("starts") == 1.0]
+    assert crashed, [(t.params, t.constraints) for t in trials]
+    assert not [t for t in trials if t.state == optuna.trial.TrialState.FAIL]  # heard, not dropped (the asked one runs)
+    asked_03 = [t for t in trials[len(method.experiments) :] if t.params.get("--knob-c") == "03"]
+    assert all(t.constraints.get("method") == 1.0 for t in asked_03)
+
+
+def test_optuna_gp_without_pytorch_is_refused_before_anything_is_recorded(tmp_path):
+    """`--search optuna-gp` needs PyTorch for Optuna's GP sampler: where it is missing, one line says so and what
+    to install, and no session is recorded."""
+    from click.testing import CliRunner
+
+    from agent.cli import cli
+
+    try:
+        import torch  # noqa: F401
+
+        pytest.skip("PyTorch is installed here: the GP sampler runs")
+    except ImportError:
+        pass
+    plan = str(Path(__file__).resolve().parent.parent / "benchmarks" / "search_plans" / "eval-llama70b-h200x1.toml")
+    out = CliRunner().invoke(cli, ["--home", str(tmp_path), "run", plan, "--search", "optuna-gp"])
+    assert out.exit_code == 1 and "needs PyTorch" in out.output and "pip install torch" in out.output, out.output
+    assert not (tmp_path / "state" / "pivot.db").exists()

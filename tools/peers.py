@@ -1,5 +1,6 @@
-"""Peer searches inside pivot's method: Optuna's TPE or random configurations propose the launches instead of the
-twin-guided search (`pivot run --search optuna-tpe|random`), and everything else stays the method's.
+"""Peer searches inside pivot's method: Optuna's TPE or GP sampler, or random configurations, propose the launches
+instead of the twin-guided search (`pivot run --search optuna-tpe|optuna-gp|random`), and everything else stays the
+method's.
 
 What a peer decides: which configuration of the released tiers' items to measure next. What it does not: the
 tiers and pivots, the engine's audit (an item the engine refuses is ruled out before any launch, as with every
@@ -13,14 +14,17 @@ How a peer proposes (the ask-and-tell interface, as Optuna's samplers and Ray Tu
   same flag (two values of one cap) share one parameter whose choices are `off` and each item;
 - the history is read from the ledger at every step, never kept elsewhere, so a resumed campaign proposes what an
   unbroken one would: each experiment measured on the plan's workload is a completed trial (its configuration's
-  items, its objective at the workload's top level, the mean of its runs); one that crashed or did not start is a
-  failed trial; the sampler is seeded with the session's seed and the number of trials told;
+  items, its objective at the workload's top level, the mean of its runs); one that crashed or did not start is an
+  infeasible trial (Optuna 5's constraints: `starts` = 1, told the worst value measured), so TPE and GP learn to
+  avoid what does not run rather than never hearing of it; the sampler is seeded with the session's seed and the
+  number of trials told;
 - the next configuration is asked; one measured already is told its value and asked again (at most ASK_TRIES
-  times); the step that reaches it from the best configuration is the launch: the items it adds, and the adopted
-  items it takes back (`revert_items`).
+  times), and one the method would not take from the best configuration (no change, or taking back an adopted item
+  it may not revert) is told infeasible (`method` = 1); the step that reaches it from the best configuration is the
+  launch: the items it adds, and the adopted items it takes back (`revert_items`).
 
-Optuna is an optional extra (`pip install -e '.[optuna]'`): without it, a peer search says so before anything is
-recorded.
+Optuna is an optional extra (`pip install -e '.[optuna]'`), and its GP sampler needs PyTorch besides: without them, a
+peer search says so before anything is recorded.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from tools.method.answers import Decision
 from tools.method.reading import Method
 from tools.method.step import Step, searchable
 
-PEERS = ("optuna-tpe", "random")
+PEERS = ("optuna-tpe", "optuna-gp", "random")
 ASK_TRIES = 64  # asks per step before a peer is taken to have nothing new to propose
 OFF = "off"
 
@@ -51,6 +55,14 @@ def check_available(kind: str) -> None:
             f"--search {kind} needs Optuna, which is not installed",
             hint="pip install -e '.[optuna]' (or pick --search twin, the default)",
         ) from None
+    if kind == "optuna-gp":
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise PivotError(
+                "--search optuna-gp needs PyTorch (Optuna's GP sampler runs on it), which is not installed",
+                hint="pip install torch (the CPU build will do), or pick --search optuna-tpe",
+            ) from None
 
 
 def space(items: list[m.PlanItem]) -> dict[str, list[str]]:
@@ -115,29 +127,33 @@ def propose(method: Method, d: Decision, kind: str,
     dists = {k: CategoricalDistribution(v) for k, v in params.items()}
     told = history(method, items)
     seed = method.settings.seed + len(told)
-    sampler: Any = (optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, 2 * len(params)))
-                    if kind == "optuna-tpe" else optuna.samplers.RandomSampler(seed=seed))  # fmt: skip
+    startup = min(10, 2 * len(params))
+    sampler: Any = (optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup) if kind == "optuna-tpe" else
+                    optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup) if kind == "optuna-gp" else
+                    optuna.samplers.RandomSampler(seed=seed))  # fmt: skip
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     seen: dict[frozenset[str], float | None] = {}
+    worst = min((v for _, v in told if v is not None), default=0.0)  # what an infeasible trial is told
 
     def as_params(held: frozenset[str]) -> dict[str, str]:
         return {k: next((i for i in v[1:] if i in held), OFF) for k, v in params.items()}
 
     for held, value in told:
         seen.setdefault(held, value)
-        state = TrialState.COMPLETE if value is not None else TrialState.FAIL
-        study.add_trial(create_trial(params=as_params(held), distributions=dists, value=value, state=state))
+        study.add_trial(create_trial(params=as_params(held), distributions=dists, state=TrialState.COMPLETE,
+                                     value=worst if value is None else value,
+                                     constraints={"starts": 0.0 if value is not None else 1.0}))  # fmt: skip
     for _ in range(ASK_TRIES):
         trial = study.ask(dists)
         chosen = frozenset(v for v in trial.params.values() if v != OFF)
-        if chosen not in seen and ok(chosen):
+        fit = ok(chosen)
+        if chosen not in seen and fit:
             return chosen, f"{kind} proposes {' + '.join(sorted(chosen)) or 'the base configuration'}"
         value = seen.get(chosen)
-        if value is None:
-            study.tell(trial, state=TrialState.FAIL)  # crashed, or a step the method would not take
-        else:
-            study.tell(trial, value)
+        trial.set_constraint("starts", 0.0 if value is not None or chosen not in seen else 1.0)
+        trial.set_constraint("method", 0.0 if fit else 1.0)  # a step the method would not take
+        study.tell(trial, worst if value is None else value)
         seen.setdefault(chosen, None)
     return None
 

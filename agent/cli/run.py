@@ -370,12 +370,13 @@ def _method_options(f: Any) -> Any:
             click.option(
                 "--search",
                 "search_kind",
-                type=click.Choice(["twin", "optuna-tpe", "random", "plan-order"]),
+                type=click.Choice(["twin", "optuna-tpe", "optuna-gp", "random", "plan-order"]),
                 default=setting("proposer"),
                 show_default=True,
                 help="What proposes the launches: the twin-guided search with confirmed adoptions (tools/search.py), "
-                "a peer under the same method (Optuna's TPE, random configurations: tools/peers.py, needs "
-                "pip install -e '.[optuna]'), or the plain greedy path in the plan's order, to compare.",
+                "a peer under the same method (Optuna's TPE or GP sampler, random configurations: tools/peers.py, "
+                "needs pip install -e '.[optuna]', and PyTorch for the GP), or the plain greedy path in the plan's "
+                "order, to compare.",
             ),
             click.option("--no-search", is_flag=True, help="An alias of --search plan-order."),
             click.option(

@@ -235,10 +235,10 @@ class SessionSettings(_Model):
         description="A decisive change judged in pairs with its base measured again after it (A/B/A; "
         "tools/method/paired.py): auto pairs an engine that measures (not a simulated one), on always, off never.",
     )
-    proposer: Literal["twin", "optuna-tpe", "random", "plan-order"] = Field(
+    proposer: Literal["twin", "optuna-tpe", "optuna-gp", "random", "plan-order"] = Field(
         default="twin",
-        description="What proposes the launches (`--search`): the twin-guided search, a peer (Optuna's TPE, random "
-        "configurations: tools/peers.py) under the same method, or the plan's order (`search` off).",
+        description="What proposes the launches (`--search`): the twin-guided search, a peer (Optuna's TPE or GP "
+        "sampler, random configurations: tools/peers.py) under the same method, or the plan's order (`search` off).",
     )
     fit_twin: bool = Field(
         default=False,
