@@ -130,3 +130,22 @@ def test_a_surprise_is_rerun_before_its_verdict(store, paths, fake_twin) -> None
     base2 = baseline(store, s2)
     e2 = measure(store, s2, add(store, s2, ["01", "02"], config, base2, **fields), 920.0)
     assert Method.read(store, s2.id).judge(e2).suggestion == "regressed"
+
+
+def test_a_surprising_loss_the_noise_explains_is_no_gain_not_a_regression(store, paths, fake_twin) -> None:
+    """A change predicted +16% that measures -3.5% on three runs, past the 3% band by less than its standard error
+    (the runs scatter by about 1.7%), is no gain; the same change at -8% is a regression."""
+    for mean, verdict in ((979.5, "no_gain"), (934.0, "regressed")):
+        s = session_for(store, paths, make_plan(["01", "02"]))
+        base = add(store, s, [], s.plan.target.base_config(), None)
+        base = measure(store, s, base, 1000.0, 1030.0)
+        base = store.update_experiment(base.model_copy(update={"verdict": "baseline"}))
+        method = Method.read(store, s.id)
+        config = _step_config(method, search.Step("launch", ("01", "02"), ""))
+        fields = search.record_fields(method, ["01", "02"], config=config)
+        e = measure(store, s, add(store, s, ["01", "02"], config, base, **fields), mean + 15.5, mean - 14.5, mean - 1.0)
+        j = Method.read(store, s.id).judge(e)
+        assert j.band_pct == pytest.approx(3.0) and j.change_pct < -3.0
+        assert j.suggestion == verdict, j.text
+        if verdict == "no_gain":
+            assert "by less than its standard error" in j.text and "no gain, not a regression" in j.text

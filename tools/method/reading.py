@@ -22,7 +22,10 @@ read the ledger through this one module, so an LLM and the built-in policy are h
   failed requests are a crash;
 - a surprise is confirmed before its verdict: with the search on, a measured change that differs from the prediction
   made before its launch by more than the band (the twin is wrong about it, or the runs were unlucky) is rerun
-  until it has SURPRISE_RUNS runs before it is adopted or called a regression;
+  until it has SURPRISE_RUNS runs before it is adopted or called a regression, and a loss the twin did not
+  predict is called a regression only when its mean is beyond the band by its standard error (the pooled
+  run-to-run noise over its runs and its base's): a loss just past the band that the noise can explain is no gain,
+  not a claim that the change hurts;
 - a change whose changed flags the engine does not model (a simulated engine: `Experiment.not_modelled`) is not
   measured, whatever numbers the engine gave: its effect is not in them.
 
@@ -33,7 +36,6 @@ from this reading, and the guard, the autopilot and the search all read that.
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -47,6 +49,7 @@ from agent.errors import PivotError
 from agent.store import Store
 from tools.method import paired
 from tools.method.objective import Objective, noise_pct, objective_for
+from tools.method.words import _names, engine_words, not_measured_text, refused_text  # noqa: F401 (re-exported)
 
 HOST_MOVED_CORES = 0.5  # other processes' CPU use (cores) that differs this much between two runs is a moved host
 OWN_SPREAD_FACTOR = 2.0  # a change's own runs' spread beyond this many bands replaces the band (own_band)
@@ -60,17 +63,6 @@ REFUSED_FAILURES = (
     "argument-validation",
     "unsupported-hardware",
 )
-# the words a launch failure was recorded with (tools/engines/process.py): "vllm exited while starting (exit code 1):
-# argument-validation (Value error, ...)"; the engine's own sentence is the part in brackets at the end
-_STARTUP_WORDS = re.compile(r"^.*? exited while starting \([^)]*\): [\w-]+ \((?P<words>.*)\)$", re.DOTALL)
-
-
-def engine_words(detail: str | None) -> str:
-    """The engine's own sentence from a failure's recorded detail (pivot's framing taken off), else ''."""
-    if not detail:
-        return ""
-    found = _STARTUP_WORDS.match(detail.strip())
-    return (found.group("words") if found else detail).strip()
 
 
 def own_band(runs: list[float], band: float) -> tuple[float, str]:
@@ -84,17 +76,6 @@ def own_band(runs: list[float], band: float) -> tuple[float, str]:
         f"; its own {len(runs)} runs spread {own:.1f}%, wider than the session's {band:.1f}% band: judged against "
         "their spread"
     )
-
-
-def refused_text(e: m.Experiment) -> str:
-    """Why a change the engine refused at startup is ruled out, in the engine's own words where it gave some."""
-    words = engine_words(e.failure_detail)
-    what = (
-        "the engine cannot run it on this hardware"
-        if e.failure == "unsupported-hardware"
-        else "the engine refused the flags"
-    )
-    return f"{what} ({e.failure})" + (f": {words}" if words else "")
 
 
 def unmet_words(method: Method, e: m.Experiment) -> str:
@@ -158,18 +139,6 @@ class Judgement(BaseModel):
         default_factory=list, description="Flags this change touches that the engine does not model (simulated)."
     )
     text: str = Field(description="The comparison in one sentence, with its numbers: usable as a verdict's reason.")
-
-
-def _names(flags: list[str]) -> str:
-    return ", ".join(flags[:-1]) + f" and {flags[-1]}" if len(flags) > 1 else (flags[0] if flags else "")
-
-
-def not_measured_text(flags: list[str]) -> str:
-    """Why a change is not measured, and what would measure it."""
-    return (
-        f"not measured: the twin does not model {_names(flags)}, so its numbers cannot show what this change does; "
-        "measure it on a GPU (--engine sglang)"
-    )
 
 
 @dataclass
@@ -504,6 +473,13 @@ class Method:
         p = e.predicted_change_pct
         return self.settings.search and p is not None and not e.not_modelled and abs(change - p) > band
 
+    def _unsure_loss(self, e: m.Experiment, judged: float, band: float, runs: int, base_runs: int) -> float | None:
+        """The standard error of a surprising loss past the band that it does not clear (see the module docstring),
+        else None."""
+        sd = self.run_sd_pct(e.workload)
+        se = sd * (1 / runs + 1 / base_runs) ** 0.5 if sd is not None and runs and base_runs else None
+        return se if se is not None and -band - se < judged <= -band else None
+
     def _verdict_clause(self, e: m.Experiment, suggestion: Suggestion, surprise: bool, change: float, judged: float,
                         band: float, noise: float | None) -> str:  # fmt: skip
         """How the change stands against the band, or, for a surprise rerun, against its prediction, in words."""
@@ -668,6 +644,8 @@ class Method:
         rebase = (suggestion in paired.DECISIVE and pairs is None and not moved and self._pairs(e)
                   and base is not None and base.status == "finished")  # fmt: skip  # (a failed re-measure: no more)
         suggestion = "rebase" if rebase else suggestion  # the base measured again after it (A/B/A) first
+        unsure = self._unsure_loss(e, judged, band, len(runs), len(before_runs)) if surprise else None
+        suggestion = "no_gain" if unsure is not None and suggestion == "regressed" else suggestion
         n = self.objective.number
         measured = f"{n(a)}" if len(runs) == 1 else f"{n(a)}, mean of {len(runs)} runs: {', '.join(n(v) for v in runs)}"
         text = (
@@ -680,6 +658,9 @@ class Method:
             + spread_note
             + host_note
             + (paired.rebase_words(self.number(e.base_experiment_id), band) if rebase else
+               f", past the {band:.1f}% noise band by less than its standard error ({unsure:.1f}%) against the "
+               f"{e.predicted_change_pct or 0.0:+.1f}% predicted: no gain, not a regression" if
+               unsure is not None and suggestion == "no_gain" else
                self._verdict_clause(e, suggestion, surprise, change, judged, band, noise))
         )  # fmt: skip
         text += self._after_words(e, suggestion, best, c, noops, unmodelled)
