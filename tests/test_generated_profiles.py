@@ -188,8 +188,10 @@ def test_the_vocabulary_is_the_smaller_of_the_config_and_the_tokenizer(tmp_path)
 def test_a_gpu_is_a_shipped_profile_or_its_datasheet_figures_and_a_cpu_knows_only_its_memory():
     h200 = gpu_profile({"name": "NVIDIA H200", "memory_gib": 139.8, "power_limit_w": 700.0})
     assert h200 == load_hardware("h200") and h200.calibrated
-    h100 = gpu_profile({"name": "NVIDIA H100 80GB HBM3", "memory_gib": 79.6, "power_limit_w": 700.0})
-    assert (h100.memory_bandwidth_gbs, h100.dense_tflops["bf16"], h100.calibrated) == (3350, 989, False)
+    sxm = gpu_profile({"name": "NVIDIA H100 80GB HBM3", "memory_gib": 79.6, "power_limit_w": 700.0})
+    assert sxm == load_hardware("h100-sxm") and sxm.calibrated  # shipped (its GEMM model borrowed from the H200)
+    h100 = gpu_profile({"name": "NVIDIA H100 PCIe", "memory_gib": 79.6, "power_limit_w": 350.0})
+    assert (h100.memory_bandwidth_gbs, h100.dense_tflops["bf16"], h100.calibrated) == (2000, 756, False)
     assert h100.has_roofline and "the twin's calibration" in h100.unknown()
     odd = gpu_profile({"name": "NVIDIA Z9", "memory_gib": 10.0, "power_limit_w": None})
     assert not odd.has_roofline and "peaks unknown" in odd.source

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -65,3 +66,23 @@ def test_the_step_benchmark_reads_a_config_and_says_so_without_a_gpu(tmp_path):
     if importlib.util.find_spec("torch") is None:
         with pytest.raises(ModuleNotFoundError):
             main(["--model", "llama-3.1-8b", "--out", str(tmp_path / "x.json")])
+
+
+def test_the_twin_against_the_steps_measured_on_an_h100():
+    """benchmarks/step_fidelity.py on the recorded H100 fixtures (scripts/calibration/h100-step-*.json, the device's
+    H100, 2026-12-05): every measured row is compared, and the twin's GPU time stays where it was when the fixture
+    was recorded (0.69-1.02 of the measured step: the FP8 70B's GEMMs stream slower than the twin says, the gap
+    [silicon] names), so a change to the cost model that moves it further off fails here."""
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "benchmarks"))
+    from step_fidelity import rows_of
+
+    rows = [
+        r for f in sorted((root / "scripts" / "calibration").glob("h100-step-*.json")) for r in rows_of(f, "h100-sxm")
+    ]
+    assert len(rows) == 24
+    assert all(0.65 <= r["gpu_ratio"] <= 1.1 for r in rows), [(r["model"], r["batch"], r["gpu_ratio"]) for r in rows]
+    bf16 = [r["gpu_ratio"] for r in rows if r["model"] == "llama-3.1-8b"]
+    assert min(bf16) >= 0.8  # the bf16 8B within 20% everywhere
