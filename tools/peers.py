@@ -19,8 +19,8 @@ How a peer proposes (the ask-and-tell interface, as Optuna's samplers and Ray Tu
   avoid what does not run rather than never hearing of it; the sampler is seeded with the session's seed and the
   number of trials told;
 - the next configuration is asked; one measured already is told its value and asked again (at most ASK_TRIES
-  times), and one the method would not take from the best configuration (no change, or taking back an adopted item
-  it may not revert) is told infeasible (`method` = 1); the step that reaches it from the best configuration is the
+  times), and a new one the method would not take from the best configuration (taking back an adopted item it may
+  not revert) is told infeasible (`method` = 1); the step that reaches it from the best configuration is the
   launch: the items it adds, and the adopted items it takes back (`revert_items`).
 
 Optuna is an optional extra (`pip install -e '.[optuna]'`), and its GP sampler needs PyTorch besides: without them, a
@@ -134,6 +134,7 @@ def propose(method: Method, d: Decision, kind: str,
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     seen: dict[frozenset[str], float | None] = {}
+    turned_down: set[frozenset[str]] = set()
     worst = min((v for _, v in told if v is not None), default=0.0)  # what an infeasible trial is told
 
     def as_params(held: frozenset[str]) -> dict[str, str]:
@@ -150,10 +151,13 @@ def propose(method: Method, d: Decision, kind: str,
         fit = ok(chosen)
         if chosen not in seen and fit:
             return chosen, f"{kind} proposes {' + '.join(sorted(chosen)) or 'the base configuration'}"
-        value = seen.get(chosen)
-        trial.set_constraint("starts", 0.0 if value is not None or chosen not in seen else 1.0)
-        trial.set_constraint("method", 0.0 if fit else 1.0)  # a step the method would not take
+        value = seen.get(chosen)  # measured (the best so far among them: no step leads to it), or crashed
+        refused = chosen not in seen or chosen in turned_down  # a step the method would not take
+        trial.set_constraint("starts", 1.0 if not refused and value is None else 0.0)
+        trial.set_constraint("method", 1.0 if refused else 0.0)
         study.tell(trial, worst if value is None else value)
+        if chosen not in seen:
+            turned_down.add(chosen)
         seen.setdefault(chosen, None)
     return None
 
