@@ -70,9 +70,10 @@ def test_the_step_benchmark_reads_a_config_and_says_so_without_a_gpu(tmp_path):
 
 def test_the_twin_against_the_steps_measured_on_an_h100():
     """benchmarks/step_fidelity.py on the recorded H100 fixtures (scripts/calibration/h100-step-*.json, the device's
-    H100, 2026-12-05): every measured row is compared, and the twin's GPU time stays where it was when the fixture
-    was recorded (0.69-1.02 of the measured step: the FP8 70B's GEMMs stream slower than the twin says, the gap
-    [silicon] names), so a change to the cost model that moves it further off fails here."""
+    H100, 2026-12-05) with the shipped h100-sxm profile, whose step terms were fitted to them: every measured row is
+    compared, and the twin's GPU time is within 10% of the measured step on all but one (the 70B FP8 at batch 256 and
+    1k context, where the card at its power cap runs its SM clock at 1,645 MHz: the twin slows the clock only under
+    a user's power limit)."""
     import sys
 
     root = Path(__file__).resolve().parent.parent
@@ -83,6 +84,36 @@ def test_the_twin_against_the_steps_measured_on_an_h100():
         r for f in sorted((root / "scripts" / "calibration").glob("h100-step-*.json")) for r in rows_of(f, "h100-sxm")
     ]
     assert len(rows) == 24
-    assert all(0.65 <= r["gpu_ratio"] <= 1.1 for r in rows), [(r["model"], r["batch"], r["gpu_ratio"]) for r in rows]
-    bf16 = [r["gpu_ratio"] for r in rows if r["model"] == "llama-3.1-8b"]
-    assert min(bf16) >= 0.8  # the bf16 8B within 20% everywhere
+    off = [(r["model"], r["batch"], r["context"]) for r in rows if abs(r["gpu_ratio"] - 1) > 0.10]
+    assert off == [("llama-3.3-70b-fp8", 256, 1024)], off
+
+
+def test_calibrate_fits_the_step_terms_to_measured_steps(tmp_path):
+    """`pivot calibrate --from-json` given the step benchmark's files, from a profile without the step terms (the
+    H100's as it was before its fit): the per-dtype streaming, the per-layer time and the power are fitted, written
+    with their provenance, and the profile it writes reproduces the measured steps (GPU time within 10% on at least
+    23 of 24 rows, against 8 before; power within 15% on at least 8 of the 12 rows at batch 1, 64 and 256, against 1)."""
+    import re
+
+    from tools import stepfit
+    from tools.profiles import load_hardware
+
+    root = Path(__file__).resolve().parent.parent
+    shipped = (root / "tools" / "profiles" / "hardware" / "h100-sxm.toml").read_text()
+    stripped = re.sub(r"(?m)^(gemm_stream_by_dtype|layer_us_per_step) = .*\n", "", shipped)
+    stripped = re.sub(r"(?m)^power_activity = .*$", "power_activity = 0.4", stripped)
+    start = tmp_path / "unfitted.toml"
+    start.write_text(stripped.replace('name = "h100-sxm"', 'name = "unfitted"'))
+    files = [str(p) for p in sorted((root / "scripts" / "calibration").glob("h100-step-*.json"))]
+    out = tmp_path / "fitted.toml"
+    result = CliRunner().invoke(cli, ["calibrate", "--hardware", str(start), "--from-json", *files, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "fitted on 24 decode steps" in result.stdout
+    fitted = load_hardware(str(out))
+    cal = fitted.calibration
+    assert cal.gemm_stream_by_dtype["fp8"] < 1 < cal.gemm_stream_by_dtype["bf16"] and cal.layer_us_per_step > 0
+    assert cal.provenance["layer_us_per_step"].startswith("fitted: h100-step-")
+    rows = stepfit.load_steps([Path(f) for f in files])
+    before, after = stepfit.residuals(rows, load_hardware(str(start))), stepfit.residuals(rows, fitted)
+    assert after["gpu_within_10pct"] >= 23 > before["gpu_within_10pct"]
+    assert after["power_within_15pct"] >= 8 > before["power_within_15pct"]

@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from tools.engines.sim.costmodel import CostModel, Parallel
+from tools.minimize import nelder_mead
 from tools.profiles import HardwareProfile, load_hardware, load_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,41 +81,14 @@ NEUTRAL = {  # the second starting point: a sharp knee, the memory side active
 }
 
 
-def nelder_mead(f, x0: np.ndarray, steps: np.ndarray, iters: int = 250, tol: float = 1e-5) -> np.ndarray:
-    """A plain Nelder-Mead minimizer (numpy only)."""
-    simplex = [x0] + [x0 + np.eye(len(x0))[i] * steps[i] for i in range(len(x0))]
-    values = [f(x) for x in simplex]
-    for _ in range(iters):
-        order = np.argsort(values)
-        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
-        if abs(values[-1] - values[0]) < tol:
-            break
-        centroid = np.mean(simplex[:-1], axis=0)
-        reflected = centroid + (centroid - simplex[-1])
-        fr = f(reflected)
-        if fr < values[0]:
-            expanded = centroid + 2 * (centroid - simplex[-1])
-            fe = f(expanded)
-            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
-        elif fr < values[-2]:
-            simplex[-1], values[-1] = reflected, fr
-        else:
-            contracted = centroid + 0.5 * (simplex[-1] - centroid)
-            fc = f(contracted)
-            if fc < values[-1]:
-                simplex[-1], values[-1] = contracted, fc
-            else:
-                simplex = [simplex[0] + 0.5 * (x - simplex[0]) for x in simplex]
-                values = [f(x) for x in simplex]
-    return simplex[int(np.argmin(values))]
-
-
 def with_values(text: str, calibration: dict[str, float], provenance: dict[str, str] | None = None) -> str:
     """A hardware profile's TOML text with [calibration] values replaced (and its provenance line, when given)."""
     head, sep, tail = text.partition("[calibration]")
     body, rest_sep, rest = tail.partition("\n[")
     for key, value in calibration.items():
-        line = f"{key} = {value:.4g}"
+        shown = ("{ " + ", ".join(f"{k} = {v:.4g}" for k, v in value.items()) + " }") if isinstance(value, dict) else (
+            f"{value:.4g}")  # fmt: skip
+        line = f"{key} = {shown}"
         if re.search(rf"(?m)^{key} = ", body):
             body = re.sub(rf"(?m)^{key} = [^\n#]*?(\s*#.*)?$", lambda mm, ln=line: ln + (mm.group(1) or ""), body)
         else:
@@ -164,7 +138,7 @@ def twin_seconds(case: dict[str, Any], hw: HardwareProfile) -> float:
     n = case["n"] if case["kind"] == "experts" else model.hidden_size / case["tp"]
     eff = cost.efficiency(case["rows"], n)
     peak = hw.peak_tflops(case["dtype"]) * 1e12
-    return max(case["weight_bytes"] / cost.gemm_bw(n), case["flops"] / (peak * eff))
+    return max(case["weight_bytes"] / cost.gemm_bw(n, case["dtype"]), case["flops"] / (peak * eff))
 
 
 def fit_rows(cases: list[dict[str, Any]], hw: HardwareProfile) -> list[tuple[dict[str, Any], float, float]]:
@@ -338,6 +312,10 @@ def calibrate(paths: list[Path], hardware: str) -> dict[str, Any]:
     fitted set's and the dense check's)."""
     from datetime import UTC, datetime
 
+    from tools import stepfit
+
+    if paths and all(stepfit.is_step_file(p) for p in paths):
+        return calibrate_steps(paths, hardware)
     cases = load_cases(paths)
     fitted_cases = [c for c in cases if c["model"] == FIT_MODEL and c["dtype"] == FIT_DTYPE]
     if not fitted_cases:
@@ -368,6 +346,37 @@ def calibrate(paths: list[Path], hardware: str) -> dict[str, Any]:
             "dense_check": {str(rows): round(e, 4) for rows, e in check},
             "dense_check_passes": all(abs(e) <= TOLERANCE for _, e in check),
         },
+        "fitted_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "profile_text": with_values(text, values, provenance) if text is not None else None,
+    }
+
+
+def calibrate_steps(paths: list[Path], hardware: str) -> dict[str, Any]:
+    """`pivot calibrate --from-json` given tools.stepbench's files: the per-dtype GEMM streaming, the per-layer
+    time and the power activity fitted to whole measured steps (tools/stepfit.py), with their provenance, the
+    profile's text with them, and the residuals before and after."""
+    from datetime import UTC, datetime
+
+    from tools import stepfit
+
+    hw = load_hardware(hardware)
+    rows = stepfit.load_steps(paths)
+    values = stepfit.fit_steps(rows, hw)
+    devices = sorted({str(r.get("device") or "?") for r in rows})
+    when = sorted({str(r.get("date") or "?")[:10] for r in rows})
+    source = f"fitted: {', '.join(Path(p).name for p in paths)} ({'; '.join(devices)}; measured {', '.join(when)})"
+    provenance = {**hw.calibration.provenance, **dict.fromkeys(values, source)}
+    path = Path(hardware) if hardware.endswith(".toml") and Path(hardware).is_file() else (
+        PROFILES / "hardware" / f"{hw.name}.toml")  # fmt: skip
+    text = path.read_text() if path.exists() else None
+    after = stepfit.residuals(rows, stepfit.with_values(hw, values))
+    before = {k: v for k, v in stepfit.residuals(rows, hw).items() if k != "rows"}
+    return {
+        "hardware": hw.name,
+        "kind": "steps",
+        "values": values,
+        "provenance": provenance,
+        "residuals": {**after, "before": before},
         "fitted_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "profile_text": with_values(text, values, provenance) if text is not None else None,
     }

@@ -54,6 +54,7 @@ TWIN_CATEGORIES = {
     "attention": "attention",
     "communication": "communication",
     "host_overhead": "other",
+    "elementwise": "other",
 }
 TOP_KERNELS = 15
 START_TIMEOUT_S = 120.0  # starting the torch profiler on a big server takes a while

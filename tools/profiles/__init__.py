@@ -70,6 +70,17 @@ class Calibration(_Profile):
     gemm_bandwidth_n_half: float = Field(
         default=0.0, ge=0, description="Output width at which GEMM weight reads stream at half their rate; 0: none."
     )
+    gemm_stream_by_dtype: dict[str, float] = Field(
+        default_factory=dict,
+        description="GEMM weight reads per weight dtype, as a factor on their streaming efficiency (an FP8 W8A8 "
+        "GEMM through torch._scaled_mm streams slower than a bf16 one); a dtype not named: 1.",
+    )
+    layer_us_per_step: float = Field(
+        default=0.0,
+        ge=0,
+        description="GPU time per layer per step outside the GEMM and attention roofline: norms, RoPE, activations, "
+        "quantization and the gaps between kernels (the elementwise work); 0: not modelled.",
+    )
     allreduce_efficiency: float = Field(gt=0, le=1, description="Achieved / link bandwidth in collectives.")
     eager_ms_per_step: float = Field(ge=0, description="Launch overhead of a decode step run without CUDA graph.")
     prefill_us_per_token: float = Field(
@@ -89,9 +100,11 @@ class Calibration(_Profile):
         """Achieved / peak tensor throughput of a GEMM with m rows and output width n (the compute side)."""
         return self.gemm_efficiency_max * m / (m + self.gemm_m_half) * n / (n + self.gemm_n_half)
 
-    def gemm_stream_efficiency(self, n: float) -> float:
-        """Achieved / peak memory bandwidth of a GEMM's weight reads at output width n (the memory side)."""
+    def gemm_stream_efficiency(self, n: float, dtype: str | None = None) -> float:
+        """Achieved / peak memory bandwidth of a GEMM's weight reads at output width n (the memory side), for
+        weights of `dtype` (None: any)."""
         base = self.bandwidth_efficiency if self.gemm_bandwidth_efficiency is None else self.gemm_bandwidth_efficiency
+        base *= self.gemm_stream_by_dtype.get(dtype, 1.0) if dtype is not None else 1.0
         return base * n / (n + self.gemm_bandwidth_n_half) if self.gemm_bandwidth_n_half > 0 else base
 
 

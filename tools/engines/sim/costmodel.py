@@ -12,6 +12,7 @@ MoE layers, E routed experts, k experts per token, tp/pp/ep the parallel sizes. 
   GEMM efficiency               eff(m, n) = [gemm_efficiency_max] * m/(m + [gemm_m_half]) * n/(n + [gemm_n_half])
   GEMM weight reads             BW_gemm(n) = memory_bandwidth * [gemm_bandwidth_efficiency]
                                              * n/(n + [gemm_bandwidth_n_half])
+                                * [gemm_stream_by_dtype][weight dtype] (1 for a dtype not named)
                                 (unset: [bandwidth_efficiency] and no width factor. GEMM kernels stream weights
                                 below a plain copy, and narrow ones below wide ones, on the memory side as on
                                 the compute side: see scripts/fit_h200_gemm.py for the H200's measurements)
@@ -29,7 +30,10 @@ MoE layers, E routed experts, k experts per token, tp/pp/ep the parallel sizes. 
                                 over the link; single-batch overlap hides half of it behind the expert GEMMs
   where BW = memory_bandwidth * [bandwidth_efficiency] (KV and attention reads; GEMM weights use BW_gemm).
 
-  GPU time of a stage           t_stage(b) = t_exp + t_dense + t_kv + t_ar + t_a2a     (for b rows)
+  elementwise                   t_elem = (L/pp) * [layer_us_per_step]: norms, RoPE, activations, quantization and
+                                the gaps between kernels, per layer and step, whatever the rows (0: not modelled;
+                                fitted to whole measured steps by `pivot calibrate` from tools.stepbench's files)
+  GPU time of a stage           t_stage(b) = t_exp + t_dense + t_kv + t_ar + t_a2a + t_elem     (for b rows)
   host time of a step           t_host(b) = [host_ms_per_step] + [host_us_per_request] * b
   one stage's turn              u(b) = max(t_host, t_stage) with the overlap scheduler (the default), else
                                 t_host + t_stage; + [eager_ms_per_step] / pp when b exceeds the decode CUDA
@@ -121,6 +125,7 @@ class StepCost:
     busy_s: float = 0.0
     tensor_s: float = 0.0  # FLOPs / peak FLOP rate: the step's work at the tensor cores' full rate
     memory_s: float = 0.0  # bytes read / peak bandwidth: the step's traffic at the memory's full rate
+    elementwise_s: float = 0.0  # the profile's per-layer work outside the roofline (layer_us_per_step)
 
     def breakdown(self) -> dict[str, float]:
         """Seconds by component: expert GEMMs, dense GEMMs, attention, communication, host overhead."""
@@ -130,6 +135,7 @@ class StepCost:
             "attention": self.attention_s,
             "communication": self.communication_s,
             "host_overhead": self.host_s + self.eager_s,
+            **({"elementwise": self.elementwise_s} if self.elementwise_s else {}),
         }
 
 
@@ -236,9 +242,9 @@ class CostModel:
         """eff(m, n): achieved / peak tensor throughput of a GEMM with m rows and output width n."""
         return self.cal.gemm_efficiency(m, n)
 
-    def gemm_bw(self, n: float) -> float:
-        """BW_gemm(n): bytes/s at which a GEMM of output width n reads its weights."""
-        return self.hw.memory_bandwidth_gbs * 1e9 * self.cal.gemm_stream_efficiency(n)
+    def gemm_bw(self, n: float, dtype: str | None = None) -> float:
+        """BW_gemm(n): bytes/s at which a GEMM of output width n reads its weights (of `dtype`)."""
+        return self.hw.memory_bandwidth_gbs * 1e9 * self.cal.gemm_stream_efficiency(n, dtype)
 
     # ---- one stage of work for `rows` tokens
 
@@ -259,7 +265,10 @@ class CostModel:
         out["dense_gemm"] = t_dense
         out["attention"] = t_attn
         out["communication"] = t_comm
-        out["busy"] = busy + t_attn
+        t_elem = st.layers * self.cal.layer_us_per_step * 1e-6
+        if t_elem:
+            out["elementwise"] = t_elem
+        out["busy"] = busy + t_attn + t_elem
         out["tensor"] = tensor + attn / self._bf16_peak
         out["memory"] = (traffic + kv_read) / self._memory_bw
         return out
@@ -279,7 +288,9 @@ class CostModel:
             w_bytes = st.moe_layers * hit * self.bytes_per_expert / shard
             flops = rows * k * 2 * model.expert_params * st.moe_layers / shard
             peak = hw.peak_tflops(self.expert_dtype) * 1e12
-            expert = max(w_bytes / self.gemm_bw(n), flops / (peak * self.clock * self.efficiency(m, n)))
+            expert = max(
+                w_bytes / self.gemm_bw(n, self.expert_dtype), flops / (peak * self.clock * self.efficiency(m, n))
+            )
             busy += expert
             tensor += flops / peak
             traffic += w_bytes
@@ -292,7 +303,7 @@ class CostModel:
             flops = rows * 2 * p.params * share / shard
             n = model.hidden_size / shard
             peak = hw.peak_tflops(p.dtype) * 1e12
-            t_dense += max(w_bytes / self.gemm_bw(n), flops / (peak * self.clock * self.efficiency(rows, n)))
+            t_dense += max(w_bytes / self.gemm_bw(n, p.dtype), flops / (peak * self.clock * self.efficiency(rows, n)))
             tensor += flops / peak
             traffic += w_bytes
         busy += t_dense
@@ -319,7 +330,8 @@ class CostModel:
         self, stages: list[dict[str, float]], host_s: float, eager_s: float, micro_batches: int = 1
     ) -> StepCost:
         """A round: `micro_batches` micro-batches each pass through the stages (one stage: one plain step)."""
-        gpu = [st.get("expert_gemm", 0.0) + st["dense_gemm"] + st["attention"] + st["communication"] for st in stages]
+        gpu = [st.get("expert_gemm", 0.0) + st["dense_gemm"] + st["attention"] + st["communication"]
+               + st.get("elementwise", 0.0) for st in stages]  # fmt: skip
         turns = [max(host_s, g) if self.par.overlap_schedule else host_s + g for g in gpu]
         total = max(micro_batches * max(turns), sum(turns)) + eager_s
         n = len(stages)
@@ -341,6 +353,7 @@ class CostModel:
             busy_s=mean("busy"),
             tensor_s=mean("tensor"),
             memory_s=mean("memory"),
+            elementwise_s=mean("elementwise"),
         )
 
     def decode(self, batch: int, ctx_tokens: float) -> StepCost:

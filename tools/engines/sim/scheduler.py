@@ -194,7 +194,7 @@ class EngineCore:
         self.tensor_s += cost.tensor_s
         self.memory_s += cost.memory_s
         for key, value in cost.breakdown().items():
-            self.breakdown_s[key] += value * scale
+            self.breakdown_s[key] = self.breakdown_s.get(key, 0.0) + value * scale
         return cost.total_s * scale
 
     def _join(self, r: Req) -> None:

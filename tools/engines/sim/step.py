@@ -7,8 +7,9 @@ engine runs it, and the power and clock it runs at. Simulated, not measured: the
 
 A decode step of `batch` requests each holding `context` tokens of KV (CUDA graphs on, SGLang's overlap scheduler:
 the host's work hides behind the GPU's when it is shorter); with `prefill_tokens`, one prefill step of that many
-prompt tokens (one request) beside it. Elementwise work (norms, RoPE, activations, quantization) is not modelled
-apart: its time is null, said so in `notes`.
+prompt tokens (one request) beside it. Elementwise work (norms, RoPE, activations, quantization, the gaps between
+kernels) is the hardware profile's `layer_us_per_step` per layer, where it has one (fitted to whole measured steps by
+`pivot calibrate`); without one its time is null, said so in `notes`.
 """
 
 from __future__ import annotations
@@ -52,11 +53,12 @@ class StepReport:
     prefill_tokens: int | None = None
     prefill: StepCost | None = None
     notes: list[str] = field(default_factory=list)
+    elementwise: bool = False  # the profile models it (layer_us_per_step)
 
     @property
     def gpu_s(self) -> float:
         d = self.decode
-        return d.expert_gemm_s + d.dense_gemm_s + d.attention_s + d.communication_s
+        return d.expert_gemm_s + d.dense_gemm_s + d.attention_s + d.communication_s + d.elementwise_s
 
     def as_json(self) -> dict[str, Any]:
         d = self.decode
@@ -77,7 +79,7 @@ class StepReport:
                 "expert_gemm": ms(d.expert_gemm_s),
                 "attention": ms(d.attention_s),
                 "communication": ms(d.communication_s),
-                "elementwise": None,  # not modelled apart (see notes)
+                "elementwise": ms(d.elementwise_s) if self.elementwise else None,  # None: not modelled (notes)
                 "host_wait": ms(d.host_s),
                 "eager": ms(d.eager_s),
             },
@@ -93,7 +95,7 @@ class StepReport:
             out["prefill"] = {
                 "tokens": self.prefill_tokens,
                 "step_ms": ms(p.total_s),
-                "gpu_ms": ms(p.expert_gemm_s + p.dense_gemm_s + p.attention_s + p.communication_s),
+                "gpu_ms": ms(p.expert_gemm_s + p.dense_gemm_s + p.attention_s + p.communication_s + p.elementwise_s),
                 "breakdown_ms": {k: ms(v) for k, v in p.breakdown().items()},
             }
         return out
@@ -121,7 +123,8 @@ def step_cost(model: str | ModelProfile, hardware: str | HardwareProfile, *, tp:
     cal = cost.cal
     host = cal.host_ms_per_step * 1e-3 + cal.host_us_per_request * 1e-6 * batch
     power = cost.power_w(decode.tensor_s / decode.total_s, decode.memory_s / decode.total_s)
-    notes = ["elementwise work (norms, RoPE, activations, quantization) is not modelled apart"]
+    elementwise = cal.layer_us_per_step > 0
+    notes = [] if elementwise else ["elementwise work (norms, RoPE, activations, quantization) is not modelled apart"]
     if batch > twin.limits.max_running_requests:
         notes.append(f"batch {batch} is above the server's max running requests ({twin.limits.max_running_requests})")
     if context * batch > twin.limits.kv_capacity_tokens:
@@ -131,4 +134,4 @@ def step_cost(model: str | ModelProfile, hardware: str | HardwareProfile, *, tp:
         prefill = cost.prefill(prefill_tokens, prefill_tokens * (prefill_tokens + 1) / 2, 1)
     return StepReport(model=profile.name, hardware=hw.name, tp=tp, batch=batch, context=context, decode=decode,
                       host_s=host, power_w=power, clock_share=cost.clock, overlap=twin.par.overlap_schedule,
-                      prefill_tokens=prefill_tokens, prefill=prefill, notes=notes)  # fmt: skip
+                      prefill_tokens=prefill_tokens, prefill=prefill, notes=notes, elementwise=elementwise)  # fmt: skip
