@@ -31,6 +31,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 FORMAT = "pivot-stepbench/1"
@@ -316,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [SHAPES[name] for name in args.model or []]
     if args.config:
         with open(args.config, encoding="utf-8") as f:
-            shapes.append(Shape.from_config(args.config, json.load(f), args.dtype))
+            name = Path(args.config).stem + ("-fp8" if args.dtype == "fp8" else "")  # the folder's or file's name
+            shapes.append(Shape.from_config(name, json.load(f), args.dtype))
     if args.layers:
         shapes = [Shape(**{**asdict(s), "layers": args.layers}) for s in shapes]
     power = Power()
