@@ -317,7 +317,10 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [SHAPES[name] for name in args.model or []]
     if args.config:
         with open(args.config, encoding="utf-8") as f:
-            name = Path(args.config).stem + ("-fp8" if args.dtype == "fp8" else "")  # the folder's or file's name
+            where = Path(args.config).resolve()
+            name = (where.parent.name if where.stem == "config" else where.stem) + (
+                "-fp8" if args.dtype == "fp8" else ""
+            )
             shapes.append(Shape.from_config(name, json.load(f), args.dtype))
     if args.layers:
         shapes = [Shape(**{**asdict(s), "layers": args.layers}) for s in shapes]
