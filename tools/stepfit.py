@@ -10,7 +10,9 @@ Three things are fitted, each entering tools/engines/sim/costmodel.py where its 
   W8A8 GEMM through torch._scaled_mm, with its activations quantized per row, reads its weights more slowly than a
   bf16 one; the GEMM micro-benchmarks fit one rate for all);
 - `layer_us_per_step`: GPU time per layer and step outside the GEMM and attention roofline (norms, RoPE, the
-  activation, quantization, the gaps between kernels in a CUDA graph), whatever the batch;
+  activation, the gaps between kernels in a CUDA graph), whatever the batch, and `layer_us_by_dtype`: the extra per
+  layer when the linear layers are of another dtype than bf16 (FP8 W8A8: the activations quantized before each
+  GEMM, the scaled GEMMs' own overhead);
 - `power_activity`: the power per unit of activity, from NVML's readings while the step replayed (the GPU busy all
   the time: the twin's power over its GPU time, not over a step with host gaps).
 
@@ -100,23 +102,30 @@ def with_values(hw: HardwareProfile, values: dict[str, Any]) -> HardwareProfile:
 
 
 def _time_values(x: np.ndarray, dtypes: list[str], base: dict[str, float]) -> dict[str, Any]:
+    """The time terms from the fit's vector: a log streaming factor per dtype, the per-layer time (in 100 us), and an
+    extra per-layer time (in 100 us) for each dtype other than bf16."""
     lim = math.log(MAX_STREAM_FACTOR)
-    factors = {d: base.get(d, 1.0) * math.exp(float(np.clip(v, -lim, lim))) for d, v in zip(dtypes, x, strict=False)}
-    return {"gemm_stream_by_dtype": factors, "layer_us_per_step": max(float(x[-1]) * 100.0, 0.0)}
+    factors = {d: base.get(d, 1.0) * math.exp(float(np.clip(x[i], -lim, lim))) for i, d in enumerate(dtypes)}
+    extra = [d for d in dtypes if d != "bf16"]
+    by_dtype = {d: max(float(x[len(dtypes) + 1 + i]) * 100.0, 0.0) for i, d in enumerate(extra)}
+    return {"gemm_stream_by_dtype": factors, "layer_us_per_step": max(float(x[len(dtypes)]) * 100.0, 0.0),
+            "layer_us_by_dtype": by_dtype}  # fmt: skip
 
 
 def fit_steps(rows: list[dict[str, Any]], hw: HardwareProfile) -> dict[str, Any]:
     """The values fitted to the rows (see the module): the streaming factor of each weight dtype measured, the
-    per-layer time, and the power activity."""
+    per-layer time (and its extra for each dtype but bf16), and the power activity."""
     dtypes = sorted({r["dtype"] for r in rows})
-    base = dict(hw.calibration.gemm_stream_by_dtype)
+    cal = hw.calibration
+    base = dict(cal.gemm_stream_by_dtype)
 
     def loss(x: np.ndarray) -> float:
         fitted = with_values(hw, _time_values(x, dtypes, base))
         return sum(math.log(twin_row(r, fitted)[0] / r["step_ms"]) ** 2 for r in rows) / len(rows)
 
-    x0 = np.array([0.0] * len(dtypes) + [hw.calibration.layer_us_per_step / 100.0])
-    x = nelder_mead(loss, x0, np.array([0.2] * len(dtypes) + [0.3]), iters=200, tol=1e-7)
+    extra = [cal.layer_us_by_dtype.get(d, 0.0) / 100.0 for d in dtypes if d != "bf16"]
+    x0 = np.array([0.0] * len(dtypes) + [cal.layer_us_per_step / 100.0] + extra)
+    x = nelder_mead(loss, x0, np.array([0.2] * len(dtypes) + [0.3] * (1 + len(extra))), iters=400, tol=1e-8)
     values = _time_values(x, dtypes, base)
     timed = with_values(hw, values)
     powered = [r for r in rows if r.get("power_w")]
@@ -126,7 +135,7 @@ def fit_steps(rows: list[dict[str, Any]], hw: HardwareProfile) -> dict[str, Any]
             fitted = with_values(timed, {"power_activity": min(max(math.exp(float(y[0])), 1e-3), 1.0)})
             return sum(math.log(twin_row(r, fitted)[1] / r["power_w"]) ** 2 for r in powered) / len(powered)
 
-        y = nelder_mead(power_loss, np.array([math.log(hw.calibration.power_activity)]), np.array([0.3]), iters=80)
+        y = nelder_mead(power_loss, np.array([math.log(cal.power_activity)]), np.array([0.3]), iters=80)
         values["power_activity"] = min(max(math.exp(float(y[0])), 1e-3), 1.0)
     return values
 

@@ -81,6 +81,11 @@ class Calibration(_Profile):
         description="GPU time per layer per step outside the GEMM and attention roofline: norms, RoPE, activations, "
         "quantization and the gaps between kernels (the elementwise work); 0: not modelled.",
     )
+    layer_us_by_dtype: dict[str, float] = Field(
+        default_factory=dict,
+        description="Extra GPU time per layer and step when the linear layers are of this dtype (FP8 W8A8: the "
+        "activations quantized before each GEMM, the scaled GEMMs' own overhead); a dtype not named: 0.",
+    )
     allreduce_efficiency: float = Field(gt=0, le=1, description="Achieved / link bandwidth in collectives.")
     eager_ms_per_step: float = Field(ge=0, description="Launch overhead of a decode step run without CUDA graph.")
     prefill_us_per_token: float = Field(

@@ -30,9 +30,10 @@ MoE layers, E routed experts, k experts per token, tp/pp/ep the parallel sizes. 
                                 over the link; single-batch overlap hides half of it behind the expert GEMMs
   where BW = memory_bandwidth * [bandwidth_efficiency] (KV and attention reads; GEMM weights use BW_gemm).
 
-  elementwise                   t_elem = (L/pp) * [layer_us_per_step]: norms, RoPE, activations, quantization and
-                                the gaps between kernels, per layer and step, whatever the rows (0: not modelled;
-                                fitted to whole measured steps by `pivot calibrate` from tools.stepbench's files)
+  elementwise                   t_elem = (L/pp) * ([layer_us_per_step] + [layer_us_by_dtype][linear dtype]): norms,
+                                RoPE, activations, quantization and the gaps between kernels, per layer and step,
+                                whatever the rows (0: not modelled; fitted to whole measured steps by
+                                `pivot calibrate` from tools.stepbench's files)
   GPU time of a stage           t_stage(b) = t_exp + t_dense + t_kv + t_ar + t_a2a + t_elem     (for b rows)
   host time of a step           t_host(b) = [host_ms_per_step] + [host_us_per_request] * b
   one stage's turn              u(b) = max(t_host, t_stage) with the overlap scheduler (the default), else
@@ -197,6 +198,9 @@ class CostModel:
         self.bytes_per_expert = self.expert_bytes_total / n_experts
         self.kv_bytes = model.kv_bytes(par.kv_dtype)
         self._dense = model.part("dense")
+        linear = experts or self._dense  # the linear layers' dtype: the experts', else the largest dense part's
+        self.linear_dtype = max(linear, key=lambda p: p.params).dtype if linear else "bf16"
+        self.layer_s = (cal.layer_us_per_step + cal.layer_us_by_dtype.get(self.linear_dtype, 0.0)) * 1e-6
         self.stages = [self._shape(a, b) for a, b in pp_layer_ranges(model.layers, par.pp)]
         self._attn_peak = hw.peak_tflops("bf16") * 1e12 * self.clock * cal.gemm_efficiency_max
         self._bf16_peak = hw.peak_tflops("bf16") * 1e12
@@ -265,7 +269,7 @@ class CostModel:
         out["dense_gemm"] = t_dense
         out["attention"] = t_attn
         out["communication"] = t_comm
-        t_elem = st.layers * self.cal.layer_us_per_step * 1e-6
+        t_elem = st.layers * self.layer_s
         if t_elem:
             out["elementwise"] = t_elem
         out["busy"] = busy + t_attn + t_elem

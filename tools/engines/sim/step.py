@@ -123,7 +123,7 @@ def step_cost(model: str | ModelProfile, hardware: str | HardwareProfile, *, tp:
     cal = cost.cal
     host = cal.host_ms_per_step * 1e-3 + cal.host_us_per_request * 1e-6 * batch
     power = cost.power_w(decode.tensor_s / decode.total_s, decode.memory_s / decode.total_s)
-    elementwise = cal.layer_us_per_step > 0
+    elementwise = cal.layer_us_per_step > 0 or bool(cal.layer_us_by_dtype)
     notes = [] if elementwise else ["elementwise work (norms, RoPE, activations, quantization) is not modelled apart"]
     if batch > twin.limits.max_running_requests:
         notes.append(f"batch {batch} is above the server's max running requests ({twin.limits.max_running_requests})")
