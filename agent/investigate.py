@@ -81,7 +81,7 @@ async def investigate(
 
 def investigator_name(session: Session) -> str:
     """The model string investigations of this session run on."""
-    from agent.loop import AUTOPILOT, SCRIPT_PREFIX
+    from agent.llm import AUTOPILOT, SCRIPT_PREFIX
 
     chosen = session.settings.investigator_model
     if chosen:
@@ -92,7 +92,7 @@ def investigator_name(session: Session) -> str:
 
 def investigator_model(session: Session, name: str) -> Model:
     """The pydantic-ai model for `name`: the deterministic investigator, a script, or a provider's model."""
-    from agent.loop import AUTOPILOT, SCRIPT_PREFIX, provider_model
+    from agent.llm import AUTOPILOT, SCRIPT_PREFIX, provider_model
 
     if name in (DETERMINISTIC, AUTOPILOT):
         return Investigator().model
@@ -160,7 +160,7 @@ async def run_investigation(
         except UsageLimitExceeded as e:
             status, report = "limit", f"stopped before a report: {e}"
         except Exception as e:  # the sub-agent's model failed: recorded, and the campaign goes on
-            from agent.loop import redact
+            from agent.errors import redact
 
             status, report = "failed", redact(f"the investigator failed: {type(e).__name__}: {e}")[:600]
     requests, tokens_in, tokens_out = _usage(list(messages))

@@ -269,7 +269,6 @@ def test_a_planted_import_that_runs_back_up_breaks_the_contract(tmp_path, module
 KNOWN_CIRCLES = [
     {"tools.experiments", "tools.method.checks", "tools.method.compute", "tools.method.moves", "tools.method.offers",
      "tools.probes", "tools.search"},
-    {"agent.autopilot", "agent.investigate", "agent.loop", "agent.session_tools"},
 ]  # fmt: skip
 
 
