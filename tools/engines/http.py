@@ -307,8 +307,9 @@ class HttpDeployment:
         from tools import loadgen
         from tools.hostload import HostLoad
 
-        # measured for a server of this host; the twin's numbers are simulated, not this host's
-        host = HostLoad(self.server.pgid) if not self.simulated and self.server.owner_check else None
+        # measured for a server of this host: a real engine's, and sim-http's too (the twin served over HTTP times its
+        # answers on this host's clock, so other processes' load moves its numbers: [safety] G12)
+        host = HostLoad(self.server.pgid) if self.server.owner_check else None
         total = len(spec.concurrency)
         for index, concurrency in enumerate(spec.concurrency):
             if self.server.poll() is not None:
