@@ -41,6 +41,7 @@ from agent.session import Session
 from agent.steps import Call, Steps
 from tools import reports, search
 from tools.method import Method, Moves
+from tools.method.compute import moves_of
 from tools.method.moves import profiled
 from tools.numbering import Numbering
 
@@ -89,7 +90,7 @@ class Autopilot(Steps):
         """The next step, from the moves (`last`: the previous response's tool calls and their results). With an
         executor (`pivot run --ray`), every launch is a step of run_experiments: its servers run where the executor
         puts them, never in this process."""
-        moves = Moves.of(self.session)
+        moves = moves_of(self.session)
         call = self.call_for(moves, last or {})
         if self.session.settings.executor is not None and call.tool == "launch_server":
             return Call(

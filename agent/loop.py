@@ -61,7 +61,8 @@ from agent.llm import (  # noqa: F401 (the model by name: re-exported for the CL
 from agent.session import Session
 from agent.session_tools import session_toolsets
 from agent.text import quote
-from tools.method import Method, MethodGuard, Moves, method_text
+from tools.method import Method, MethodGuard, method_text
+from tools.method.compute import moves_of
 from tools.numbering import NumberedToolset
 
 pydantic_ai.BANNER_ENABLED = False  # pivot owns its terminal output (progress on stderr, the TUI's screen)
@@ -125,7 +126,7 @@ def state_text(session: Session) -> str:
         )
     for p in method.pivots[-3:]:
         lines.append(f"Pivot asked: {p.question[:160]} -> answer: {p.answer if p.answer is not None else '(open)'}")
-    moves = Moves.of(session, method)
+    moves = moves_of(session, method)
     d = moves.decision
     tiers = ", ".join(str(t) for t in sorted(d.released))
     closed = ", ".join(str(t) for t in sorted(d.closed))
@@ -508,7 +509,7 @@ async def _run_async(
 
 def campaign_finished(session: Session) -> bool:
     """Whether the method's moves have nothing left (the opened tiers' work is done, or a stop)."""
-    return Moves.of(session).finished
+    return moves_of(session).finished
 
 
 def crashed(session: Session, error: BaseException) -> RunOutcome:

@@ -118,11 +118,11 @@ def test_what_the_guard_tells_the_model_names_the_sessions_numbers(tmp_path):
     from pydantic_ai.tools import ToolDefinition
 
     from tools.method import guard
-    from tools.method.moves import Moves
+    from tools.method.compute import moves_of
 
     _, second = _two_sessions(tmp_path)  # its baseline: ledger id 2, number 1, waiting for a third run
     with Session.open(second.store, second.paths, second.sid) as s:
-        mv = Moves.of(s)
+        mv = moves_of(s)
         assert set(mv.reruns) == {2}
         assert "launch_server experiment_id=1 (" in " ".join(mv.allowed_text())
         assert "experiment_id=2" not in " ".join(mv.allowed_text())

@@ -20,6 +20,7 @@ from agent.plans import parse_plan
 from agent.session import Paths, Session
 from agent.store import Store
 from tools.method import RULES, Method, Moves, method_text
+from tools.method.compute import moves_of
 
 # GLM-5 on the twin: 02 (EP8) starts and crashes under load at 1024, as in the seeds.
 PLAN = """
@@ -119,7 +120,7 @@ class Ledger:
 
     def moves(self) -> Moves:
         with Session.open(self.store, self.paths, self.sid) as s:
-            return Moves.of(s)
+            return moves_of(s)
 
     def snapshot(self) -> dict:
         exps = self.store.experiments(self.sid)

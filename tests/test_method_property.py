@@ -36,6 +36,7 @@ from agent.store import Store
 from tests.formula_engine import Effect, Formula, FormulaEngine, FormulaPredictor, formula_plan
 from tools import search
 from tools.method import GUARDED_TOOLS, Moves, refusal
+from tools.method.checks import check
 
 KINDS = ("help", "big", "hurt", "neutral", "pair", "crash", "startup", "refused", "noop", "workload")
 MAX_RUNS = 30  # resumes and answers, all told
@@ -172,14 +173,14 @@ def watch_autopilot(monkeypatch: pytest.MonkeyPatch, watch: Watch) -> None:
         call = original(self, moves, last)
         watch.steps += 1
         if call.tool in GUARDED_TOOLS:
-            why = moves.refusal(call.tool, call.args)
+            why = check(moves, call.tool, call.args)
             if why is not None:
                 watch.failures.append(f"not among the moves: {call.tool} {call.args}: {why.text()}")
             if not _in_schema(moves, call.tool, call.args):
                 watch.failures.append(f"outside the schema shown: {call.tool} {call.args}")
             for tool, args in _probes(moves):
                 fresh = refusal(self.session, tool, args) is None
-                if fresh != (moves.refusal(tool, args) is None):
+                if fresh != (check(moves, tool, args) is None):
                     watch.failures.append(f"the guard and the moves disagree on {tool} {args}")
         return call
 

@@ -24,6 +24,7 @@ from tests.factories import baseline_and_change, bench_level
 from tests.formula_engine import Effect, Formula, FormulaEngine, FormulaPredictor, formula_plan
 from tools import reports, search
 from tools.method import Method, Moves, decision, permitted
+from tools.method.compute import moves_of
 
 
 @pytest.fixture(autouse=True)
@@ -53,7 +54,7 @@ class Campaign:
 
     def moves(self) -> Moves:
         with Session.open(self.store, self.paths, self.sid, engine=self.engine) as s:
-            return Moves.of(s)
+            return moves_of(s)
 
     def experiments(self) -> list[m.Experiment]:
         return self.store.experiments(self.sid)
@@ -341,7 +342,7 @@ def test_a_benchmark_the_server_refused_owes_a_pivot_that_says_what_to_fix(store
                          status="failed", failure="benchmark-refused", verdict="crashed",
                          failure_detail="HTTP 400: Token id 11465 is out of vocabulary"),
         )  # fmt: skip
-        moves = Moves.of(s)
+        moves = moves_of(s)
         assert moves.phase == "pivot" and moves.pivot is not None and moves.pivot.kind == "benchmark"
         q, options = question(moves)
         assert "out of vocabulary" in q and "[workload]" in q and "--plan FILE" in q

@@ -177,7 +177,7 @@ def test_a_power_item_is_promising_only_when_energy_is_the_objective(store, path
 def test_the_summary_and_the_pivot_speak_of_capacity(store, paths):
     from agent.questions import headline
     from tools import reports
-    from tools.method import Moves
+    from tools.method.compute import moves_of
     from tools.reports.status import _effect
 
     plan = _plan(CAPACITY)
@@ -198,7 +198,7 @@ def test_the_summary_and_the_pivot_speak_of_capacity(store, paths):
         )
         assert _effect(ledger, ledger.experiment(base.id)).startswith("5 concurrent requests of capacity at TTFT")
         assert ledger.band_pct() == s.settings.min_gain_pct  # no noise in the capacity of two runs
-        head = headline(Moves.of(s))
+        head = headline(moves_of(s))
         assert head == (
             "Best so far: 7 concurrent requests of capacity at TTFT <= 500 ms, TPOT <= 50 ms (95% of requests) "
             "(experiment 2, +40.0% over the baseline)."
@@ -213,7 +213,7 @@ def test_the_search_ranks_candidates_by_the_predicted_capacity(store, paths):
     (06, the exhaustive grid's best, benchmarks/slo_grid.json) are predicted to raise capacity at TPOT <= 250 ms."""
     from tools import search
     from tools.engines.sim.predictor import twin_predictor
-    from tools.method import Moves
+    from tools.method.compute import moves_of
 
     plan = load_plan("glm5-nvfp4-rtxpro6000x8-capacity")
     t = plan.target
@@ -237,7 +237,7 @@ def test_the_search_ranks_candidates_by_the_predicted_capacity(store, paths):
         est = sur.estimate(("06",))
         assert est.source == "twin" and est.change_pct is not None and est.change_pct > 10
         assert "concurrent requests of capacity at TPOT <= 250 ms" in est.note
-        ranked = search.candidates(method, Moves.of(s).decision, sur)  # tier 1 is open: its items and pairs
+        ranked = search.candidates(method, moves_of(s).decision, sur)  # tier 1 is open: its items and pairs
         assert ranked and [c.gain for c in ranked] == sorted((c.gain for c in ranked), reverse=True)
         tier1 = [it.id for it in plan.items if it.tier == 1 and search.searchable(it)]
         assert ranked[0].gain >= max(sur.estimate((i,)).change_pct or -100 for i in tier1)

@@ -18,7 +18,8 @@ from agent.session import Session
 from tools import reports, search
 from tools.experiments import REFUSAL_CLASS, audit_issues, proposed_config, unmeasurable_item
 from tools.lessons import learnt_lines
-from tools.method import Judgement, Method, Moves, not_measured_text, permitted
+from tools.method import Judgement, Method, not_measured_text, permitted
+from tools.method.compute import moves_of
 from tools.numbering import number_of
 
 toolset: FunctionToolset[Session] = FunctionToolset(id="docs", max_retries=3)
@@ -308,7 +309,7 @@ def search_candidates(ctx: RunContext[Session], limit: int = 8) -> dict[str, Any
     prediction beats the band; an item predicted inside the band can be recorded with verdict predicted instead."""
     from tools import search
 
-    moves = Moves.of(ctx.deps)
+    moves = moves_of(ctx.deps)
     method = moves.method
     ranked = search.candidates(method, moves.decision)
     return {

@@ -13,7 +13,7 @@ from pydantic_ai import CallDeferred, FunctionToolset, ModelRetry, RunContext
 from agent import models as m
 from agent.session import Session
 from tools import reports
-from tools.method import Moves
+from tools.method.compute import moves_of
 
 toolset: FunctionToolset[Session] = FunctionToolset(id="pivot", max_retries=3)
 
@@ -31,7 +31,7 @@ def ask_user(ctx: RunContext[Session], question: str, options: list[str]) -> str
         raise ModelRetry("ask a question")
     latest = reports.latest_status_doc(session.store.documents(session.id))
     summary = latest.path if latest is not None else None
-    due = Moves.of(session).pivot
+    due = moves_of(session).pivot
     pivot = session.store.add_pivot(
         session.id,
         m.Pivot(

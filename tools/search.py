@@ -44,6 +44,7 @@ from agent.contracts import Prediction, Predictor, load_engine
 from agent.errors import Interrupted, PivotError
 from tools import learn, reports
 from tools.method.answers import Decision
+from tools.method.moves import promising, revert_text
 from tools.method.reading import Method
 from tools.method.step import SEARCH_KINDS, Step, searchable  # noqa: F401 (the method's, re-exported)
 from tools.probes import _launched, fell_short, launchable, leave_one_out, own_launches, suspects
@@ -345,12 +346,8 @@ def revert_launches(method: Method, item_id: str) -> int:
 
 
 def measured(method: Method, config: m.ServerConfig, workload: m.BenchSpec | None = None) -> m.Experiment | None:
-    """An experiment that already ran `config` on `workload` (nothing is launched twice as a new experiment)."""
-    key = (workload or method.plan.workload).workload_key()
-    for e in method.experiments:
-        if e.config == config and e.workload.workload_key() == key and method.run_count(e) > 0:
-            return e
-    return None
+    """An experiment that already ran `config` on `workload` (Method.ran)."""
+    return method.ran(config, workload)
 
 
 def pool(method: Method, d: Decision) -> tuple[list[m.PlanItem], list[m.PlanItem]]:
@@ -378,19 +375,6 @@ def pool(method: Method, d: Decision) -> tuple[list[m.PlanItem], list[m.PlanItem
             continue
         again.append(item)
     return fresh, again
-
-
-def revert_text(method: Method, item_id: str, by: tuple[str, ...] = ()) -> str:
-    """Why an adopted item is worth taking back, in words: the changes adopted after it made it a brake (or the
-    items `by`, launched with its revert, make it one)."""
-    plan = method.plan
-    if by:
-        who = " + ".join(f"{i} {plan.item(i).title}" for i in by)
-        return f"{who} make{'s' if len(by) == 1 else ''} {item_id} {plan.item(item_id).title} a brake"
-    adopted = method.adopted_by(item_id)
-    later = [i for e in method.chain() if adopted is not None and (e.id or 0) > (adopted.id or 0) for i in e.plan_items]
-    who = " + ".join(f"{i} {plan.item(i).title}" for i in dict.fromkeys(later)) or "the changes adopted since"
-    return f"{who} made {item_id} {plan.item(item_id).title} a brake"
 
 
 def _reverts(method: Method, sur: Surrogate) -> list[Candidate]:
@@ -538,7 +522,6 @@ def ranked_steps(method: Method, d: Decision, validate) -> list[Step]:
     the engine's audit. Empty with the search off."""
     if not method.settings.search:
         return []
-    from tools.method.moves import promising  # the method's rule (moves imports this module)
 
     fresh, _ = pool(method, d)
     out = audit_steps(method, fresh, validate)

@@ -9,7 +9,6 @@ import re
 from typing import Any
 
 from agent import models as m
-from tools import search
 from tools.method.moves import SETTLE_VERDICTS, Moves, Refusal
 
 PHASE_RULE = {
@@ -182,7 +181,7 @@ def _launch(mv: Moves, args: dict[str, Any]) -> Refusal | None:
     config = _config(mv, named, reverts, flags)
     workload = plan.item(named[0]).workload_for(plan.workload) if named else plan.workload
     profile = len(named) == 1 and plan.item(named[0]).kind == "profile"  # a measurement of the best, not a change
-    twice = None if profile else search.measured(method, config, workload)
+    twice = None if profile else method.ran(config, workload)
     if twice is not None:
         return _refuse(
             mv,

@@ -8,11 +8,14 @@ from agent import models as m
 from agent.session import Session
 from tools import experiments, peers, search
 from tools.method.answers import Decision, decision
+from tools.method.checks import check
 from tools.method.moves import (
+    _CACHE,
     BASELINE_RUNS_MAX,
     BENCHMARK_REFUSED,
     Moves,
     PivotDue,
+    _signature,
     as_asked,
     baseline_runs_needed,
     measured_unjudged,
@@ -26,6 +29,21 @@ from tools.method.reading import Method
 from tools.probes import launched
 
 RERUN = "a rerun adds a run"
+
+
+def moves_of(session: Session, method: Method | None = None) -> Moves:
+    """The moves of `session` now, read from its ledger (or from `method`, a reading of it). The same ledger gives
+    the same moves: they are computed once per state of the ledger (the guard asks for every toolset)."""
+    method = method or Method.read(session.store, session.id)
+    key = _signature(session, method)
+    hit = _CACHE.get(session.id)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    moves = compute(session, method)
+    _CACHE[session.id] = (key, moves)
+    if len(_CACHE) > 32:
+        _CACHE.pop(next(iter(_CACHE)))
+    return moves
 
 
 def compute(session: Session, method: Method) -> Moves:
@@ -440,5 +458,5 @@ def _measured_already(method: Method, step: search.Step) -> m.Experiment | None:
 def _cannot(method: Method, mv: Moves, step: search.Step) -> str | None:
     """Why a step asked for at a pivot is not among the moves now (a retry cap that is not below the level that
     failed, say), or None."""
-    refused = mv.refusal("launch_server", step.launch_args())
+    refused = check(mv, "launch_server", step.launch_args())
     return refused.why if refused is not None else None

@@ -16,6 +16,7 @@ from pydantic_ai.toolsets import WrapperToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 
 from agent.session import Session
+from tools.method.checks import check
 from tools.method.moves import Moves, baseline_runs_needed
 
 Args = dict[str, Any]
@@ -200,7 +201,9 @@ def refusal(session: Session, tool: str, args: Args, moves: Moves | None = None)
     ledger afresh unless given)."""
     if tool not in GUARDED_TOOLS:
         return None  # reads and measurements of a running server change nothing the method rules on
-    mv = moves or Moves.of(session)
+    from tools.method.compute import moves_of  # the computation sits above the package this guard is exported from
+
+    mv = moves or moves_of(session)
     calls = [(tool, args)]
     if tool == "run_experiments":  # the step's shape, then every member as the launch it stands for
         calls += [
@@ -211,7 +214,7 @@ def refusal(session: Session, tool: str, args: Args, moves: Moves | None = None)
             why = rule.check(mv, session, name, call_args) if rule.check is not None else None
             if why is not None:
                 return f"refused by the method ({rule.key}): {why}"
-        refused = mv.refusal(name, {k: v for k, v in call_args.items() if k != STEP_MEMBER})
+        refused = check(mv, name, {k: v for k, v in call_args.items() if k != STEP_MEMBER})
         if refused is not None:
             return refused.text()
     return None
@@ -314,7 +317,9 @@ def _step_moves(ctx: RunContext[Session]) -> Moves:
     hit = _STEP.get(ctx.deps.id)
     if hit is not None and hit[0] == key and ctx.run_id is not None:
         return hit[1]
-    moves = Moves.of(ctx.deps)
+    from tools.method.compute import moves_of
+
+    moves = moves_of(ctx.deps)
     _STEP[ctx.deps.id] = (key, moves)
     if len(_STEP) > 32:
         _STEP.pop(next(iter(_STEP)))

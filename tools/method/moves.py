@@ -32,9 +32,10 @@ from typing import Any, Literal
 
 from agent import models as m
 from agent.session import Session
-from tools import reports, search
+from tools import reports
 from tools.method.answers import Decision
 from tools.method.reading import Judgement, Method
+from tools.method.step import Step
 
 BASELINE_RUNS_MAX = 4  # runs of the baseline at most, when the noise band is too wide to tell changes apart
 PROMISING_FACTOR = 2.0  # a plan item is promising when it expects at least this times the noise floor
@@ -124,7 +125,7 @@ class Moves:
     reruns: dict[int, str] = field(default_factory=dict)  # experiment -> why it may be rerun
     verdicts: dict[int, tuple[m.Verdict, ...]] = field(default_factory=dict)  # measured, not judged -> permitted
     settle: dict[str, dict[m.Verdict, str]] = field(default_factory=dict)  # item -> verdict -> why, no launch
-    steps: list[search.Step] = field(default_factory=list)  # the work proposed, in order (all of it allowed)
+    steps: list[Step] = field(default_factory=list)  # the work proposed, in order (all of it allowed)
     offers: list[tuple[str, str]] = field(default_factory=list)  # what a pivot now could offer besides stop
     pivot: PivotDue | None = None
     judgements: dict[int, Judgement] = field(default_factory=dict)
@@ -140,23 +141,6 @@ class Moves:
             self.baseline or self.workload_baselines or self.items or self.profiles or self.retries or self.reverts
             or self.reruns
         )  # fmt: skip
-
-    @classmethod
-    def of(cls, session: Session, method: Method | None = None) -> Moves:
-        """The moves of `session` now, read from its ledger (or from `method`, a reading of it). The same ledger
-        gives the same moves: they are computed once per state of the ledger (the guard asks for every toolset)."""
-        from tools.method.compute import compute
-
-        method = method or Method.read(session.store, session.id)
-        key = _signature(session, method)
-        hit = _CACHE.get(session.id)
-        if hit is not None and hit[0] == key:
-            return hit[1]
-        moves = compute(session, method)
-        _CACHE[session.id] = (key, moves)
-        if len(_CACHE) > 32:
-            _CACHE.pop(next(iter(_CACHE)))
-        return moves
 
     # ---- what a call is, against the moves
 
@@ -189,13 +173,6 @@ class Moves:
         if self.finished:
             out.append("the final status summary (write_status_summary), then end")
         return out
-
-    def refusal(self, tool: str, args: dict[str, Any]) -> Refusal | None:
-        """Why the call is not among the moves (None when it is). Reads, documents and measurements of a running
-        server are always allowed; so is a question (ask_user, write_status_summary)."""
-        from tools.method.checks import check
-
-        return check(self, tool, args)
 
 
 _CACHE: dict[str, tuple[tuple, Moves]] = {}  # session id -> (the ledger's signature, its moves)
@@ -249,15 +226,28 @@ def measured_unjudged(method: Method, e: m.Experiment) -> bool:
 # ---- answers: what the user asked for, as a step
 
 
-def as_asked(method: Method, item: m.PlanItem, since: Any) -> search.Step:
+def revert_text(method: Method, item_id: str, by: tuple[str, ...] = ()) -> str:
+    """Why an adopted item is worth taking back, in words: the changes adopted after it made it a brake (or the
+    items `by`, launched with its revert, make it one)."""
+    plan = method.plan
+    if by:
+        who = " + ".join(f"{i} {plan.item(i).title}" for i in by)
+        return f"{who} make{'s' if len(by) == 1 else ''} {item_id} {plan.item(item_id).title} a brake"
+    adopted = method.adopted_by(item_id)
+    later = [i for e in method.chain() if adopted is not None and (e.id or 0) > (adopted.id or 0) for i in e.plan_items]
+    who = " + ".join(f"{i} {plan.item(i).title}" for i in dict.fromkeys(later)) or "the changes adopted since"
+    return f"{who} made {item_id} {plan.item(item_id).title} a brake"
+
+
+def as_asked(method: Method, item: m.PlanItem, since: Any) -> Step:
     """How the user asked for `item` at a pivot: a combined step ("test 05+06 together"), a bounded retry ("retry
     07 with --max-running-requests 512"), a revert ("drop 01"), its workload's baseline first, else the item."""
     plan = method.plan
     why = "asked for at a pivot"
     if not method.workload_ready(item):
-        return search.Step("launch", (item.id,), f"{why}: its workload's baseline first", baseline=True)
+        return Step("launch", (item.id,), f"{why}: its workload's baseline first", baseline=True)
     if item.kind == "workload" and item.flags is None and not item.remove_flags:
-        return search.Step("launch", (item.id,), why, baseline=True)
+        return Step("launch", (item.id,), why, baseline=True)
     for p in method.pivots:
         if p.answer is None or (p.answered_at or p.asked_at) != since:
             continue
@@ -269,13 +259,13 @@ def as_asked(method: Method, item: m.PlanItem, since: Any) -> search.Step:
         if combined:
             ids = [i for i in combined.group(1).split("+") if i in plan.item_ids()]
             if item.id in ids and len(ids) > 1:
-                return search.Step("launch", tuple(ids), why)
+                return Step("launch", tuple(ids), why)
         retry = re.match(r"retry (\d{2,3}) .*?(--max-running-requests \d+)", text)
         if retry and retry.group(1) == item.id:
-            return search.Step("launch", (item.id,), why, flags=retry.group(2))
+            return Step("launch", (item.id,), why, flags=retry.group(2))
         if re.match(rf"(drop|revert|take back) {item.id}\b", text.lower()) and item.id in method.active_items():
-            return search.Step("launch", (), f"{why}: {search.revert_text(method, item.id)}", reverts=(item.id,))
-    return search.Step("launch", (item.id,), why)
+            return Step("launch", (), f"{why}: {revert_text(method, item.id)}", reverts=(item.id,))
+    return Step("launch", (item.id,), why)
 
 
 def request_done(method: Method, item: m.PlanItem, since: Any) -> bool:

@@ -372,6 +372,14 @@ class Method:
 
     # ---- judging
 
+    def ran(self, config: m.ServerConfig, workload: m.BenchSpec | None = None) -> m.Experiment | None:
+        """An experiment that already ran `config` on `workload` (nothing is launched twice as a new experiment)."""
+        key = (workload or self.plan.workload).workload_key()
+        for e in self.experiments:
+            if e.config == config and e.workload.workload_key() == key and self.run_count(e) > 0:
+                return e
+        return None
+
     def changed_flags(self, e: m.Experiment) -> list[str]:
         """The flags `e` changes against its base (else the plan's base flags), as typed."""
         base = self.experiment(e.base_experiment_id)
