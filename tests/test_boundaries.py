@@ -276,11 +276,9 @@ def test_a_planted_import_that_runs_back_up_breaks_the_contract(tmp_path, module
     assert "BROKEN" in proc.stdout and arrow in proc.stdout, proc.stdout[-3000:]
 
 
-# The circle left: the twin-guided search and its leave-one-out probes (one proposer, two modules). The method no
-# longer belongs to it: its moves are computed by tools/method/compute.py (moves_of), which calls the proposers, and
-# its values import none (the `method-values` contract). Any other circle, a function-local or a type-checking import
-# included, fails.
-KNOWN_CIRCLES = [{"tools.probes", "tools.search"}]
+# No circle: the method's moves are computed by tools/method/compute.py (moves_of), which calls the proposers, and its
+# values import none (the `method-values` contract); the search reads its probes (the ledger's leave-one-out facts),
+# never the other way. Any circle, a function-local or a type-checking import included, fails.
 
 
 def circles(graph) -> list[set[str]]:
@@ -319,12 +317,12 @@ def circles(graph) -> list[set[str]]:
     return found
 
 
-def test_no_import_circles_but_the_known_ones():
+def test_no_import_circles():
     import grimp
 
     graph = grimp.build_graph("agent", "tools", include_external_packages=False)
-    new = [sorted(c) for c in circles(graph) if c not in KNOWN_CIRCLES]
-    assert not new, f"import circles: {new}"
+    found = [sorted(c) for c in circles(graph)]
+    assert not found, f"import circles: {found}"
 
 
 def test_the_circle_finder_finds_a_planted_circle():

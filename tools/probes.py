@@ -1,5 +1,6 @@
-"""Taking apart what the twin has wrong: combined steps that fell short of their prediction, their members'
-own launches, and the leave-one-out probes the search proposes for them (tools/search.py ranks them with the rest).
+"""Taking apart what the twin has wrong, as the ledger tells it: combined steps that fell short of their prediction,
+their members' own launches, whether their probes are spent, and the launches and reverts an item had. The search
+(tools/search.py: leave_one_out) proposes the probes from these facts and ranks them with the rest.
 
 A combined step measured below the prediction made before its launch by more than the noise band hides a member the
 twin has wrong (no effect on this target, or a cost). The campaign's model (tools/learn.py) cannot tell which from
@@ -12,13 +13,8 @@ ends at its first adopted probe, or after as many probes as it has members.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
-
 from agent import models as m
 from tools.method.reading import Method
-
-if TYPE_CHECKING:
-    from tools.search import Candidate, Surrogate
 
 
 def launched(method: Method, e: m.Experiment) -> bool:
@@ -63,58 +59,6 @@ def suspects(method: Method) -> set[str]:
     return {i for e, _, _ in missed(method) for i in e.plan_items if own_launches(method, i) == 0}
 
 
-def leave_one_out(method: Method, sur: Surrogate, others: list[str]) -> list[Candidate]:
-    """For each combined step that missed its prediction (`missed`), the step without each of its members: on the
-    best configuration when the step was not adopted, else the member taken back from the best. Probes: launched
-    while the corrected model gives them a credible gain (launchable), so a dead or harmful member is found in at
-    most as many launches as the step has members, fewer where the measurements already tell."""
-    from tools.search import BUNDLE_MIN_PCT, REVERTS, Candidate, _pct, revert_launches
-
-    out: list[Candidate] = []
-    held = sur.held(sur.best_config)
-    active = method.active_items()
-    for e, got, said in missed(method):
-        members = [i for i in e.plan_items if i in method.plan.item_ids()]
-        if probes_spent(method, e, members):
-            continue
-        whole = f"{'+'.join(members)} measured {_pct(got)} against {_pct(said)} predicted"
-        for i in members:
-            if set(members) <= held:  # adopted and still in the best: take the member back
-                if i not in active or revert_launches(method, i) >= REVERTS:
-                    continue
-                items, reverts = (), (i,)
-            else:
-                items, reverts = tuple(x for x in members if x != i and x not in held), ()
-                if not items:
-                    continue
-            est = sur.estimate(items, reverts)
-            if est.source != "twin" or est.crash or est.change_pct is None:
-                continue
-            guilty = sur.if_guilty(est, i)
-            if guilty is None:
-                continue
-            # grown, as the best step would be if the member left out is the one the twin has wrong: the open items
-            # that add at least BUNDLE_MIN_PCT to it then (a probe is a launch: it may as well be the best one)
-            for x in others:
-                if x in members or x in held or x in items:
-                    continue
-                grown = sur.estimate(tuple((*items, x)), reverts)
-                gain = sur.if_guilty(grown, i) if grown.source == "twin" and not grown.crash else None
-                if gain is not None and gain >= guilty + BUNDLE_MIN_PCT:
-                    est, items, guilty = grown, grown.items, gain
-            kind: Literal["single", "combined", "retest", "revert"] = (
-                "revert" if reverts else "combined" if len(items) > 1 else "single"
-            )
-            added = [x for x in items if x not in members]
-            also = f" (and with {'+'.join(added)}, which then add to it)" if added else ""
-            why = (
-                f"leave-one-out of experiment {e.number} ({whole}): without {i}{also}: {est.note}; "
-                f"{_pct(guilty)} if {i} is what the twin has wrong"
-            )
-            out.append(Candidate(items, est, kind, {}, why, reverts=reverts, probe=guilty))
-    return out
-
-
 def probes_spent(method: Method, e: m.Experiment, members: list[str]) -> bool:
     """Whether the leave-one-out of a missed combined step is over: one of its probes was adopted (the member that
     does not pay was dropped), or it launched as many probes as the step has members."""
@@ -127,9 +71,16 @@ def probes_spent(method: Method, e: m.Experiment, members: list[str]) -> bool:
     return len(probes) >= len(members) or any(x.verdict == "adopted" for x in probes)
 
 
-def launchable(c: Candidate, band: float) -> bool:
-    """Whether a twin-ranked candidate is worth a launch: its corrected gain beats the noise band, or it is a
-    probe that would beat it if the member it leaves out is the one the twin has wrong."""
-    if c.estimate.source != "twin" or c.estimate.crash:
-        return False
-    return c.gain >= band or (c.probe is not None and c.probe >= band)
+def launches(method: Method, item_id: str) -> int:
+    """Experiments that launched (measured or crashed) with the item in them."""
+    return sum(1 for e in method.experiments if item_id in e.plan_items and _launched(method, e))
+
+
+def revert_launches(method: Method, item_id: str) -> int:
+    """Experiments that launched taking the item back; a revert launched together with items, in a step that fell
+    short of its prediction, does not count (the step's own items may be what the twin had wrong)."""
+    return sum(
+        1
+        for e in method.experiments
+        if item_id in e.reverts and _launched(method, e) and not (e.plan_items and fell_short(method, e))
+    )

@@ -47,7 +47,7 @@ from tools.method.answers import Decision
 from tools.method.moves import promising, revert_text
 from tools.method.reading import Method
 from tools.method.step import SEARCH_KINDS, Step, searchable  # noqa: F401 (the method's, re-exported)
-from tools.probes import _launched, fell_short, launchable, leave_one_out, own_launches, suspects
+from tools.probes import launches, missed, own_launches, probes_spent, revert_launches, suspects
 
 MEMBER_MIN_PCT = 1.0  # each item of a combined step adds at least this much (predicted) given the others
 TRIPLE_SEEDS = 4  # the best pairs grow into triples
@@ -313,6 +313,64 @@ class Candidate:
         return " + ".join(added + dropped)
 
 
+def leave_one_out(method: Method, sur: Surrogate, others: list[str]) -> list[Candidate]:
+    """For each combined step that missed its prediction (`missed`), the step without each of its members: on the
+    best configuration when the step was not adopted, else the member taken back from the best. Probes: launched
+    while the corrected model gives them a credible gain (launchable), so a dead or harmful member is found in at
+    most as many launches as the step has members, fewer where the measurements already tell."""
+    out: list[Candidate] = []
+    held = sur.held(sur.best_config)
+    active = method.active_items()
+    for e, got, said in missed(method):
+        members = [i for i in e.plan_items if i in method.plan.item_ids()]
+        if probes_spent(method, e, members):
+            continue
+        whole = f"{'+'.join(members)} measured {_pct(got)} against {_pct(said)} predicted"
+        for i in members:
+            if set(members) <= held:  # adopted and still in the best: take the member back
+                if i not in active or revert_launches(method, i) >= REVERTS:
+                    continue
+                items, reverts = (), (i,)
+            else:
+                items, reverts = tuple(x for x in members if x != i and x not in held), ()
+                if not items:
+                    continue
+            est = sur.estimate(items, reverts)
+            if est.source != "twin" or est.crash or est.change_pct is None:
+                continue
+            guilty = sur.if_guilty(est, i)
+            if guilty is None:
+                continue
+            # grown, as the best step would be if the member left out is the one the twin has wrong: the open items
+            # that add at least BUNDLE_MIN_PCT to it then (a probe is a launch: it may as well be the best one)
+            for x in others:
+                if x in members or x in held or x in items:
+                    continue
+                grown = sur.estimate(tuple((*items, x)), reverts)
+                gain = sur.if_guilty(grown, i) if grown.source == "twin" and not grown.crash else None
+                if gain is not None and gain >= guilty + BUNDLE_MIN_PCT:
+                    est, items, guilty = grown, grown.items, gain
+            kind: Literal["single", "combined", "retest", "revert"] = (
+                "revert" if reverts else "combined" if len(items) > 1 else "single"
+            )
+            added = [x for x in items if x not in members]
+            also = f" (and with {'+'.join(added)}, which then add to it)" if added else ""
+            why = (
+                f"leave-one-out of experiment {e.number} ({whole}): without {i}{also}: {est.note}; "
+                f"{_pct(guilty)} if {i} is what the twin has wrong"
+            )
+            out.append(Candidate(items, est, kind, {}, why, reverts=reverts, probe=guilty))
+    return out
+
+
+def launchable(c: Candidate, band: float) -> bool:
+    """Whether a twin-ranked candidate is worth a launch: its corrected gain beats the noise band, or it is a
+    probe that would beat it if the member it leaves out is the one the twin has wrong."""
+    if c.estimate.source != "twin" or c.estimate.crash:
+        return False
+    return c.gain >= band or (c.probe is not None and c.probe >= band)
+
+
 def item_issues(method: Method, validate, item: m.PlanItem) -> list[m.FlagIssue]:
     """The audit of the item's own flags on top of the best configuration."""
     config = item.apply(method.best_config())
@@ -328,21 +386,6 @@ def noop_reason(issues: list[m.FlagIssue], item: m.PlanItem) -> str | None:
         return None
     what = "; ".join(f"{i.flag}: {i.message}" if i.message else i.flag for i in noops)
     return f"no launch: the engine accepts {', '.join(names)} but reads {'it' if len(names) == 1 else 'them'} nowhere (no-op; {what})"
-
-
-def launches(method: Method, item_id: str) -> int:
-    """Experiments that launched (measured or crashed) with the item in them."""
-    return sum(1 for e in method.experiments if item_id in e.plan_items and _launched(method, e))
-
-
-def revert_launches(method: Method, item_id: str) -> int:
-    """Experiments that launched taking the item back; a revert launched together with items, in a step that fell
-    short of its prediction, does not count (the step's own items may be what the twin had wrong)."""
-    return sum(
-        1
-        for e in method.experiments
-        if item_id in e.reverts and _launched(method, e) and not (e.plan_items and fell_short(method, e))
-    )
 
 
 def measured(method: Method, config: m.ServerConfig, workload: m.BenchSpec | None = None) -> m.Experiment | None:
