@@ -48,3 +48,17 @@ def test_a_change_measured_while_the_host_was_busier_says_so_and_is_measured_aga
     assert "kept 1.8 cores of this host busy during its runs" in j.text and "load moved" in j.text
     assert "beyond the 3.0% noise band on one run" in j.text
     assert j.suggestion == "rerun"  # one run on a moved host is not a regression yet
+
+
+def test_a_baseline_whose_runs_saw_the_host_move_says_so(store, paths, small_plan):
+    """[safety] G12: a baseline run again while other processes took more of the host (a resume after a kill, say)
+    names the host's load beside its spread, so a wide noise band is read for what it may be."""
+    top = max(small_plan.workload.concurrency)
+    with Session.create(store, paths, small_plan, engine_name="sim") as s:
+        base, _ = baseline_and_change(store, s.id, small_plan)
+        for value, others in ((400.0, 0.1), (344.0, 1.4)):
+            level = bench_level(top, value).model_copy(update={"host_other_cores": others})
+            store.add_bench_result(base.id or 0, m.BenchResult(spec=small_plan.workload, engine="sim-http",
+                                                               source="simulated", levels=[level]))  # fmt: skip
+        moved = Method.read(store, s.id).judge(base)
+    assert "kept 0.1 to 1.4 cores of this host busy across its runs" in moved.text and "noise band" in moved.text

@@ -587,6 +587,11 @@ class Method:
             text += f" (mean of {len(runs)} runs: {', '.join(n(v) for v in runs)}; {word} {noise or 0:.1f}%)"
         if mean <= 0:
             text += f"; {unmet_words(self, e)}"
+        busy = [lv.host_other_cores for r in self.runs.get(e.id or 0, []) if (lv := r.level(top)) is not None
+                and lv.host_other_cores is not None]  # fmt: skip
+        if len(busy) > 1 and max(busy) - min(busy) >= HOST_MOVED_CORES:
+            text += (f"; other processes kept {min(busy):.1f} to {max(busy):.1f} cores of this host busy across its "
+                     "runs: the host's load moved, so part of this spread (the noise band) may be the host's")  # fmt: skip
         text += self._refused_clause(e)
         return Judgement(suggestion="baseline", concurrency=top, after_tok_s=mean, runs_tok_s=runs, text=text, **common)
 
