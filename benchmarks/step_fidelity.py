@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from agent.errors import PivotError  # noqa: E402
 from tools.engines.sim.step import step_cost  # noqa: E402
 from tools.profiles import load_hardware  # noqa: E402
 from tools.stepfit import GPU_TOLERANCE, POWER_BATCHES, POWER_TOLERANCE, load_steps, twin_row  # noqa: E402
@@ -39,7 +40,7 @@ def rows_of(path: Path, hardware: str) -> list[dict]:
     out = []
     for row in load_steps([path]):
         gpu, power = twin_row(row, hw)
-        step = step_cost(row["profile"], hw, tp=row["tp"], batch=row["batch"], context=row["context"])
+        step = _whole_step(row, hw)
         measured, measured_w = row["step_ms"], row.get("power_w")
         gpu_ok = abs(gpu / measured - 1) <= GPU_TOLERANCE
         power_ok = (measured_w is None or row["batch"] not in POWER_BATCHES
@@ -49,6 +50,17 @@ def rows_of(path: Path, hardware: str) -> list[dict]:
                     "step_ratio": step.decode.total_s * 1e3 / measured, "measured_w": measured_w, "twin_w": power,
                     "sm_mhz": row.get("sm_clock_mhz"), "ok": gpu_ok and power_ok})  # fmt: skip
     return out
+
+
+def _whole_step(row: dict, hw) -> object:
+    """`pivot sim step`'s whole step for one measured row. The step benchmark shares one KV cache among its layers, so
+    a model that fills the card (Llama 3.3 70B FP8 on an 80 GB H100) ran there although an engine at its default
+    --mem-fraction-static would not start: the twin is then asked at 0.95."""
+    try:
+        return step_cost(row["profile"], hw, tp=row["tp"], batch=row["batch"], context=row["context"])
+    except PivotError:
+        flags = ("--mem-fraction-static", "0.95")
+        return step_cost(row["profile"], hw, tp=row["tp"], batch=row["batch"], context=row["context"], flags=flags)
 
 
 def main(argv: list[str] | None = None) -> int:
