@@ -26,6 +26,7 @@ Each campaign is scored:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import json
 import statistics
@@ -73,6 +74,21 @@ def true_tok(plan: m.Plan, config: m.ServerConfig, truth: str | None = None) -> 
     return r.tok_s or 0.0
 
 
+def twin_fingerprint(path: Path) -> str:
+    """What a cached grid was computed with: the plan file, the shipped profiles and the twin's code. A grid whose
+    fingerprint differs (a profile re-fitted, the cost model changed) is computed again, never read stale."""
+    h = hashlib.sha256(Path(path).read_bytes())
+    for f in sorted([*(ROOT / "tools" / "profiles").rglob("*.toml"), ROOT / "tools" / "profiles" / "__init__.py",
+                     *(ROOT / "tools" / "engines" / "sim").glob("*.py")]):  # fmt: skip
+        h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def fresh(entry: dict | None, path: Path) -> bool:
+    """A cached grid computed by the twin as it is now (see twin_fingerprint)."""
+    return entry is not None and entry.get("twin") == twin_fingerprint(path)
+
+
 def grid(path: Path, truth: str | None = None) -> dict:
     """Every combination of the plan's searchable items, measured noise-free by the twin (or by `truth`)."""
     plan = load_plan(str(path))
@@ -89,6 +105,7 @@ def grid(path: Path, truth: str | None = None) -> dict:
         "points": points,
         "best": best,
         "best_tok_s": points[best],
+        "twin": twin_fingerprint(path),
     }
 
 
@@ -252,7 +269,7 @@ def main() -> None:
     opts = ap.parse_args()
     paths = [Path(p) for p in opts.plans] if opts.plans else sorted(PLANS.glob("*.toml"))
     cached = json.loads(GRID.read_text()) if GRID.exists() else {}
-    missing = [p for p in paths if opts.grid or load_plan(str(p)).name not in cached]
+    missing = [p for p in paths if opts.grid or not fresh(cached.get(load_plan(str(p)).name), p)]
     if missing:
         with ProcessPoolExecutor(max(1, opts.jobs)) as pool:
             for g in pool.map(grid, missing):

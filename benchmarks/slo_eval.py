@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from agent import models as m  # noqa: E402
 from agent.contracts import Prediction  # noqa: E402
 from agent.plans import load_plan  # noqa: E402
-from benchmarks.search_eval import launched, run_campaign  # noqa: E402
+from benchmarks.search_eval import fresh, launched, run_campaign, twin_fingerprint  # noqa: E402
 
 PLANS = [
     ROOT / "plans" / "glm5-nvfp4-rtxpro6000x8-capacity.toml",
@@ -110,7 +110,8 @@ def grid(path: Path) -> dict:
     best = max(points, key=lambda k: points[k])
     return {"plan": plan.name, "objective": plan.objective.describe(), "unit": plan.objective.unit, "items": ids,
             "size": len(points), "points": points, "best": best, "best_value": points[best],
-            "base_value": points[""], "seconds": round(time.monotonic() - started, 1)}  # fmt: skip
+            "base_value": points[""], "seconds": round(time.monotonic() - started, 1),
+            "twin": twin_fingerprint(path)}  # fmt: skip
 
 
 def campaign(args: tuple[str, float, int]) -> dict:
@@ -168,7 +169,7 @@ def main() -> None:
     opts = ap.parse_args()
     paths = [Path(p) for p in opts.plans] if opts.plans else PLANS
     cached = json.loads(GRID.read_text()) if GRID.exists() else {}
-    missing = [p for p in paths if opts.grid or load_plan(str(p)).name not in cached]
+    missing = [p for p in paths if opts.grid or not fresh(cached.get(load_plan(str(p)).name), p)]
     if missing:
         with ProcessPoolExecutor(max(1, opts.jobs)) as pool:
             for g in pool.map(grid, missing):

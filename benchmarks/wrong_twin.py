@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from search_eval import GRID, PLANS, _config, _items, campaign, grid, true_tok  # noqa: E402
+from search_eval import GRID, PLANS, _config, _items, campaign, fresh, grid, true_tok  # noqa: E402
 
 from agent import models as m  # noqa: E402
 from agent.plans import load_plan  # noqa: E402
@@ -89,7 +89,7 @@ def grid_of(plan_path: Path) -> dict:
     """The plan's grid under the stock twin (benchmarks/search_grid.json, computed when it is not there)."""
     name = load_plan(str(plan_path)).name
     stock = json.loads(GRID.read_text()) if GRID.exists() else {}
-    return stock[name] if name in stock else grid(plan_path)
+    return stock[name] if fresh(stock.get(name), plan_path) else grid(plan_path)
 
 
 def truth_texts(plan_path: Path) -> dict[str, str]:
@@ -174,9 +174,9 @@ def grids(cases: list[tuple[Path, str, str | None]], jobs: int) -> dict[str, dic
     for p, _, truth in cases:
         key = _grid_key(p, truth)
         name = load_plan(str(p)).name
-        if truth is None and name in stock:
+        if truth is None and fresh(stock.get(name), p):
             out[key] = stock[name]
-        elif key in cached:
+        elif fresh(cached.get(key), p):
             out[key] = cached[key]
         elif (p, truth) not in missing:
             missing.append((p, truth))

@@ -27,7 +27,7 @@ def test_the_recorded_h200_gemms_give_a_profile_with_provenance_that_reproduces_
     for key in data["values"]:  # the shipped H200's GEMM scalars are this fit's (scripts/fit_h200_gemm.py)
         assert abs(getattr(fitted.calibration, key) / getattr(shipped.calibration, key) - 1) < 0.02, key
         assert fitted.calibration.provenance[key].startswith("fitted: h200-gemm-glm5-run1.json")
-    assert fitted.calibration.provenance["host_ms_per_step"].startswith("borrowed")  # what was not fitted says so
+    assert fitted.calibration.provenance["host_ms_per_step"].startswith("engine:")  # what was not fitted says so
 
 
 def test_files_with_nothing_to_fit_are_one_line(tmp_path):

@@ -139,14 +139,20 @@ def test_a_plan_argument_too_long_for_the_file_system_is_one_line_not_echoed_who
 
 
 def test_plan_check_says_which_calibration_scalars_were_fitted_on_the_gpu_and_which_borrowed():
-    """[silicon]: the H200 profile's host overhead is the RTX PRO 6000 fit's; plan check says so (a warning)."""
+    """[silicon]: plan check says where each of the twin's scalars comes from: the H200's host overhead is the
+    engine's (it was the RTX PRO 6000 fit's), its GEMMs fitted on the H200 (info); the H100's GEMM model is borrowed
+    from the H200's fit (a warning)."""
     from agent.plans import load_plan
     from tools.preflight import preflight
 
-    problems = preflight(load_plan("llama70b-fp8-h200x1"))
+    plan = load_plan("llama70b-fp8-h200x1")
+    problems = preflight(plan)
     [note] = [p for p in problems if "the twin's calibration of h200" in p.message]
-    assert note.severity == "warning"
-    assert "borrowed from rtx-pro-6000-blackwell: host_ms_per_step, host_us_per_request" in note.message
-    assert "fitted on this GPU: gemm_m_half" in note.message
+    assert note.severity == "info"
+    assert "the engine's, not this GPU's: host_ms_per_step, host_us_per_request" in note.message
+    assert "fitted on this GPU: gemm_m_half" in note.message and "rtx-pro-6000" not in note.message
+    h100 = plan.model_copy(update={"target": plan.target.model_copy(update={"hardware": "h100-sxm"})})
+    [note] = [p for p in preflight(h100) if "the twin's calibration of h100-sxm" in p.message]
+    assert note.severity == "warning" and "borrowed from h200: gemm_m_half" in note.message
     rtx = [p for p in preflight(load_plan("glm5-nvfp4-rtxpro6000x8")) if "calibration of" in p.message]
     assert rtx and rtx[0].severity == "info" and "borrowed" not in rtx[0].message

@@ -120,3 +120,24 @@ def test_calibrate_fits_the_step_terms_to_measured_steps(tmp_path):
     before, after = stepfit.residuals(rows, load_hardware(str(start))), stepfit.residuals(rows, fitted)
     assert after["gpu_within_10pct"] >= 58 and before["gpu_within_10pct"] < 30
     assert after["power_within_15pct"] >= 20 > before["power_within_15pct"]
+
+
+def test_host_work_is_the_engines_and_sets_no_floor_from_another_gpu(tmp_path):
+    """The H100 and H200 profiles give no host overhead of their own (it was the RTX PRO 6000 fit's 8 ms, which set
+    every small-batch step): the engine's estimate stands in, its provenance says so (`plan check`), and the 8B's
+    whole step at batch 1 is its GPU time. A profile that gives host work (fitted on a serving table) keeps it."""
+    from tools.profiles import ENGINE_HOST_MS_PER_STEP, ENGINE_HOST_SOURCE
+
+    root = Path(__file__).resolve().parent.parent
+    model = tmp_path / "llama-8b"
+    model.mkdir()
+    (model / "config.json").write_text((root / "scripts" / "calibration" / "configs" / "llama-3.1-8b.json").read_text())
+    for name in ("h200", "h100-sxm"):
+        cal = load_hardware(name).calibration
+        assert cal.host_ms_per_step == ENGINE_HOST_MS_PER_STEP
+        assert cal.provenance["host_ms_per_step"] == cal.provenance["host_us_per_request"] == ENGINE_HOST_SOURCE
+        assert "the engine's, not this GPU's: host_ms_per_step, host_us_per_request" in cal.provenance_note()
+        step = step_cost(str(model), name, batch=1, context=1024).as_json()
+        assert step["step_ms"] == pytest.approx(step["gpu_ms"]) and step["breakdown_ms"]["host_wait"] == 0
+    rtx = load_hardware("rtx-pro-6000-blackwell").calibration
+    assert rtx.host_ms_per_step != ENGINE_HOST_MS_PER_STEP and rtx.provenance["host_ms_per_step"].startswith("fitted")

@@ -31,13 +31,31 @@ class Interconnect(_Profile):
     latency_us: float = Field(ge=0, description="Fixed cost of one collective call, us.")
 
 
+# The engine's host work per decode step: SGLang's scheduler (batch scheduling, memory allocation, prefix matching,
+# the sampled tokens' bookkeeping) is the engine's, not the GPU's, so a hardware profile that was not fitted on a
+# serving table of its own takes these rather than another GPU's fit. The only public per-step split of SGLang's
+# host work found is sgl-project/sglang-jax PR #1484 (2026-07-27: per-step phase timing of the overlap loop, host
+# 2.6-2.9 ms a step against a 5.7-5.9 ms forward at 16 running requests, Qwen3-8B); SGLang's overlap scheduler
+# (the default, lmsys.org/blog/2024-12-04-sglang-v0-4, "zero-overhead batch scheduler") runs it while the GPU computes
+# the step before, so it sets the step only where it is the longer of the two. 2.5 ms + 20 us per running request
+# gives 2.8 ms at 16. An estimate for SGLang on a GPU host: a campaign fits it per target ([learn]: tools/fit.py's
+# "host" group), and `pivot calibrate` on a serving table writes it into the profile as fitted.
+ENGINE_HOST_MS_PER_STEP = 2.5
+ENGINE_HOST_US_PER_REQUEST = 20.0
+ENGINE_HOST_SOURCE = (
+    "engine: SGLang's host work per step, an estimate from sglang-jax PR #1484's per-step timing (2.6-2.9 ms at 16 "
+    "requests), not fitted on this GPU"
+)
+
+
 class Calibration(_Profile):
     """The twin's fitted scalars for this hardware (see tools/engines/sim/costmodel.py for where each enters)."""
 
     provenance: dict[str, str] = Field(
         default_factory=dict,
         description="Where each scalar comes from, by name: 'fitted: <data>' (on this GPU), 'borrowed: <profile>' "
-        "(another GPU's fit), 'estimate: <why>'. `plan check` says which; an unnamed scalar's source is unknown.",
+        "(another GPU's fit), 'estimate: <why>', 'engine: <why>' (the engine's own, not the GPU's: the host work per "
+        "step where the profile does not give it). `plan check` says which; an unnamed scalar's source is unknown.",
     )
 
     def provenance_note(self) -> str | None:
@@ -45,9 +63,12 @@ class Calibration(_Profile):
         groups: dict[str, list[str]] = {}
         for name, source in self.provenance.items():
             kind, _, what = source.partition(":")
-            label = {"fitted": "fitted on this GPU", "borrowed": "borrowed from", "estimate": "estimated"}.get(
-                kind.strip(), kind.strip()
-            )
+            label = {
+                "fitted": "fitted on this GPU",
+                "borrowed": "borrowed from",
+                "estimate": "estimated",
+                "engine": "the engine's, not this GPU's",
+            }.get(kind.strip(), kind.strip())
             detail = what.strip()
             key = f"{label} {detail}" if kind.strip() == "borrowed" and detail else label
             groups.setdefault(key, []).append(name)
@@ -55,8 +76,32 @@ class Calibration(_Profile):
             return None
         return "; ".join(f"{key}: {', '.join(names)}" for key, names in groups.items())
 
-    host_ms_per_step: float = Field(ge=0, description="Scheduler and launch work per engine step, GPU idle.")
-    host_us_per_request: float = Field(ge=0, description="Extra host work per running request per step.")
+    host_ms_per_step: float = Field(
+        default=ENGINE_HOST_MS_PER_STEP,
+        ge=0,
+        description="Scheduler and launch work per engine step (hidden behind the GPU's step under the overlap "
+        "scheduler); unset: the engine's (ENGINE_HOST_MS_PER_STEP).",
+    )
+    host_us_per_request: float = Field(
+        default=ENGINE_HOST_US_PER_REQUEST,
+        ge=0,
+        description="Extra host work per running request per step; unset: the engine's.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_host(cls, data: object) -> object:
+        """Host work the profile does not give is the engine's, and its provenance says so."""
+        if not isinstance(data, dict):
+            return data
+        unset = [n for n in ("host_ms_per_step", "host_us_per_request") if n not in data]
+        if not unset:
+            return data
+        provenance = data.get("provenance")
+        if provenance is None or isinstance(provenance, dict):
+            data = {**data, "provenance": {**(provenance or {}), **dict.fromkeys(unset, ENGINE_HOST_SOURCE)}}
+        return data
+
     bandwidth_efficiency: float = Field(gt=0, le=1, description="Achieved / peak memory bandwidth.")
     gemm_m_half: float = Field(gt=0, description="Rows per GEMM at which efficiency reaches half its maximum.")
     gemm_n_half: float = Field(gt=0, description="Output width at which efficiency reaches half its maximum.")
