@@ -2,6 +2,7 @@
 
     python scripts/make_tiny_model.py DIR [--layers 8] [--hidden 1024] [--heads H] [--kv-heads K]
                                           [--intermediate N] [--vocab 32000] [--max-position 4096]
+                                          [--device cpu|cuda]
 
 Nothing is downloaded: the tokenizer is built here (a whitespace word-level vocabulary of --vocab entries, 32,000
 by default, with a small chat template), and the weights are random. The EOS row of the output layer is zeroed, so
@@ -89,7 +90,16 @@ def build_model(out: Path, args: argparse.Namespace, eos_id: int) -> int:
         tie_word_embeddings=args.tied,
     )
     torch.manual_seed(0)
-    model = model_class(config).to(torch.bfloat16)
+    if args.device == "cpu":
+        model = model_class(config).to(torch.bfloat16)
+    else:  # a large model: made in bf16 on the accelerator (an 8B model is 16 GB there, 32 GB in fp32 on a host)
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            with torch.device(args.device):
+                model = model_class(config)
+        finally:
+            torch.set_default_dtype(default)
     with torch.no_grad():
         model.lm_head.weight[eos_id].zero_()
     model.save_pretrained(out)
@@ -111,6 +121,8 @@ def main() -> None:
     parser.add_argument("--sliding-window", type=int, help="mistral: the attention window in tokens (None: full)")
     parser.add_argument("--tied", action="store_true", help="the output layer shares the embedding's weights")
     parser.add_argument("--tokenizer-only", action="store_true")
+    parser.add_argument("--device", default="cpu",
+                        help="where the weights are made: cpu, or cuda for a large model (an 8B: 16 GB in bf16)")  # fmt: skip
     args = parser.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(args.dir, args.vocab)

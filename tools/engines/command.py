@@ -46,6 +46,11 @@ class CommandOptions(EngineOptions):
     endpoint: Literal["completions", "chat"] = Field("completions", description="The OpenAI endpoint benchmarks use.")
     backend: str = Field("openai", description="The load generator's backend.")
     model: str | None = Field(None, description="The model name in OpenAI requests.")
+    model_flag: str | None = Field(
+        None,
+        description="The flag that names the plan's model on the command line (e.g. --model-path); unset: the "
+        "command names the model itself and pivot adds none.",
+    )
     owner_check: bool = Field(True, description="False when the command starts the server elsewhere (docker, ssh).")
 
 
@@ -81,6 +86,13 @@ class CommandEngine(BaseEngine):
         self.host, self.port, self.env, self.cwd = o.host, o.port, dict(o.env), o.cwd
         self.ready_line, self.ready_timeout_s, self.stop_grace_s = o.ready_line, o.ready_timeout_s, o.stop_grace_s
         self.endpoint, self.backend, self.model = o.endpoint, o.backend, o.model
+        self.model_flag = o.model_flag
+
+    @property
+    def model_flags(self) -> tuple[str, ...]:
+        """The flag naming the model (`model_flag`), or none: an arbitrary server's command names its model itself
+        (`vllm serve MODEL`, `transformers serve DIR`), and SGLang's --model-path would be an unknown option there."""
+        return (self.model_flag,) if self.model_flag else ()
 
     def not_modelled(self, config: m.ServerConfig) -> list[str]:
         """A real server: every flag's effect is what it measures."""

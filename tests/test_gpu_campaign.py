@@ -1,0 +1,105 @@
+"""The real GPU campaign's parts, exercised on this host without a GPU ([silicon] step 6).
+
+scripts/gpu_campaign/run.sh runs scripts/gpu_campaign/plan.toml on a device machine with `transformers serve`; here
+the same plan runs to its end through `pivot run` and `pivot resume` on the command engine, with a stand-in server
+(tests/standin_transformers_serve.py) that takes the same options and fails the co-tenant item with PyTorch's CUDA
+out-of-memory. The command engine names no model flag of its own (an arbitrary server's command names its model), and
+scripts/gpu_serve.py reads the co-tenant's share of the card from the environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent import models as m
+from tools.engines.command import CommandEngine
+
+ROOT = Path(__file__).resolve().parents[1]
+PLAN = ROOT / "scripts" / "gpu_campaign" / "plan.toml"
+LLAMA_8B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+    "max_position_embeddings": 8192, "torch_dtype": "bfloat16", "tie_word_embeddings": False,
+}  # fmt: skip
+
+
+def _gpu_serve():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import gpu_serve
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    return gpu_serve
+
+
+def test_the_command_engine_adds_no_model_flag_unless_told():
+    target = m.Target(model="/models/x", gpus=1, engine="command", flags=m.ServerConfig.parse("--dtype bfloat16"))
+    plain = CommandEngine("transformers serve --port {port} /models/x")
+    assert plain.model_flags == ()
+    assert target.base_config(plain.model_flags).argv() == ["--dtype", "bfloat16"]
+    argv, _ = plain.argv(target.base_config(plain.model_flags))
+    assert "--model-path" not in argv and argv[:2] == ["transformers", "serve"]
+    told = CommandEngine("python -m sglang.launch_server --port {port}", model_flag="--model-path")
+    assert told.model_flags == ("--model-path",)
+    assert target.base_config(told.model_flags).argv()[:2] == ["--model-path", "/models/x"]
+
+
+def test_gpu_serve_reads_the_co_tenants_share_of_the_card():
+    gpu_serve = _gpu_serve()
+    assert gpu_serve.hold_fraction({}) is None
+    assert gpu_serve.hold_fraction({"PIVOT_GPU_HOLD_FRACTION": " "}) is None
+    assert gpu_serve.hold_fraction({"PIVOT_GPU_HOLD_FRACTION": "0.9"}) == 0.9
+    for bad, words in (("1.5", "between 0 and 1"), ("0", "between 0 and 1"), ("most", "is not a number")):
+        with pytest.raises(SystemExit, match=words):
+            gpu_serve.hold_fraction({"PIVOT_GPU_HOLD_FRACTION": bad})
+
+
+def pivot(home: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env, "PIVOT_HOME": str(home)}, cwd=ROOT)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_gpu_plan_runs_to_its_end_on_the_command_engine(tmp_path):
+    model = tmp_path / "llama-3.1-8b-random"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(LLAMA_8B))
+    env = {"PIVOT_GPU_MODEL": str(model)}
+    command = f"{sys.executable} -m tests.standin_transformers_serve serve --continuous-batching --host {{host}} "
+    options = ["-o", f"command={command}--port {{port}} {model}", "-o", f"model={model}", "-o", f"cwd={ROOT}"]
+    checked = pivot(tmp_path, "plan", "check", str(PLAN), *options, "--json", env=env)
+    assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-3000:]
+    started = time.monotonic()
+    run = pivot(tmp_path, "run", str(PLAN), "--engine", "command", *options, "--json", env=env)
+    assert run.returncode == 0, run.stderr[-4000:]
+    session = json.loads(run.stdout)["session"]
+    for _ in range(4):
+        shown = json.loads(pivot(tmp_path, "show", session, "--json", env=env).stdout)
+        if shown["session"]["status"] == "finished":
+            break
+        resumed = pivot(tmp_path, "resume", session, "--answer", "continue", "--json", env=env)
+        assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert shown["session"]["status"] == "finished", shown["pivots"]
+    print(
+        f"the GPU plan on the stand-in: {len(shown['experiments'])} experiments in {time.monotonic() - started:.0f} s"
+    )
+    by_item = {}
+    for e in shown["experiments"]:
+        by_item.setdefault(e.get("plan_item") or "baseline", e)
+    assert by_item["baseline"]["verdict"] == "baseline"
+    assert by_item["01"]["verdict"] == "regressed" and by_item["04"]["verdict"] == "regressed"
+    assert by_item["02"]["verdict"] == "no_gain"
+    oom = by_item["03"]
+    assert (oom["status"], oom["failure"], oom["verdict"]) == ("failed", "oom", "crashed"), oom
+    assert "CUDA out of memory" in oom["failure_detail"]
+    servers = json.loads(pivot(tmp_path, "servers", session, "--json", env=env).stdout)
+    assert servers and all(s["status"] != "running" for s in servers)
+    assert not any("--model-path" in s["argv"] for s in servers), [s["argv"] for s in servers]
+    assert any("PIVOT_GPU_HOLD_FRACTION" in json.dumps(e["config"]) for e in shown["experiments"])
