@@ -194,3 +194,18 @@ def test_an_unclassified_crash_names_its_first_exception() -> None:
     assert d.failure == UNKNOWN and d.line == "KeyError: 'model.layers.0.self_attn.q_proj.weight'"
     assert failures.first_exception(["UserWarning: something", "no exception here"]) is None
     assert failures.first_exception(["ERROR 12-04 10:00:00 [core.py:7] ValueError: bad"]) == "ValueError: bad"
+
+
+def test_a_running_servers_answers_name_the_cause():
+    """transformers serve on an H100 (docs/gpu-campaign.md): up, then PyTorch's CUDA out-of-memory in its answers, at a
+    larger batch or on the first request; the answers are classified as a log is, and say nothing when they name none."""
+    from tools.engines.failures import serving_failure
+
+    said = [
+        "server error: CUDA out of memory. Tried to allocate 4.43 GiB. GPU 0 has a total capacity of 79.18 GiB of "
+        "which 2.10 GiB is free. Including non-PyTorch memory, this process has 77.07 GiB memory in use."
+    ]
+    found = serving_failure(["HTTP 429: too many requests", *said])
+    assert found is not None and found.failure == "oom" and "Tried to allocate 4.43 GiB" in found.line
+    assert serving_failure(["HTTP 404: Not Found", "stream ended without [DONE]"]) is None
+    assert serving_failure([]) is None

@@ -127,6 +127,8 @@ class TimedServer:
         model: str = "timed-model",
         models_endpoint: bool = True,
         send_usage: bool = True,
+        fail_from: int | None = None,
+        error_message: str = "injected failure",
     ) -> None:
         for fault in (faults or {}).values():
             if fault not in FAULTS:
@@ -138,6 +140,8 @@ class TimedServer:
         self.model = model
         self.models_endpoint = models_endpoint
         self.send_usage = send_usage  # False: ignore stream_options.include_usage, as some servers do
+        self.fail_from = fail_from  # every generation request from this arrival number on gets a 500
+        self.error_body = json.dumps({"error": {"message": error_message}}).encode()
         self.stats = ServerStats()
         self.requests: list[dict[str, Any]] = []  # the bodies of generation requests, in arrival order
         self.port = 0
@@ -202,8 +206,10 @@ class TimedServer:
             conn.generated = True
             self.stats.generation_connections += 1
         fault = self.faults.get(self.stats.requests)
+        if self.fail_from is not None and self.stats.requests >= self.fail_from:
+            fault = "500"
         if fault == "500":
-            conn.respond(500, b'{"error":{"message":"injected failure"}}')
+            conn.respond(500, self.error_body)
             return
         if fault == "drop":
             conn.abort()
@@ -440,7 +446,8 @@ def _parse_fault(text: str) -> tuple[int, str]:
 
 async def _serve(args: argparse.Namespace) -> None:
     server = TimedServer(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, faults=dict(args.fault), model=args.model,
-                         ttft_per_prompt_token_ms=args.ttft_per_prompt_token_ms)  # fmt: skip
+                         ttft_per_prompt_token_ms=args.ttft_per_prompt_token_ms, fail_from=args.fail_from,
+                         error_message=args.error_message)  # fmt: skip
     port = await server.start(args.host, args.port)
     print(f"port {port}", flush=True)
     stop = asyncio.Event()
@@ -462,6 +469,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ttft-per-prompt-token-ms", type=float, default=0.0)
     parser.add_argument("--model", default="timed-model")
     parser.add_argument("--fault", type=_parse_fault, action="append", default=[], metavar="N=KIND")
+    parser.add_argument("--fail-from", type=int, metavar="N", help="answer every request from arrival N on with a 500")
+    parser.add_argument("--error-message", default="injected failure", help="the 500 answers' error message")
     parser.add_argument("--stats", action="store_true", help="print the server's stats as JSON on stderr at exit")
     args = parser.parse_args(argv)
     asyncio.run(_serve(args))

@@ -18,6 +18,7 @@ from agent import models as m
 from agent.contracts import Deployment
 from agent.errors import PivotError, RequestsRefused
 from agent.session import LiveServer, Session
+from tools.engines.failures import serving_failure
 from tools.experiments import raw_run_file, record_failed
 from tools.method import Judgement, Method
 from tools.numbering import number_of
@@ -123,7 +124,9 @@ def run_benchmark(ctx: RunContext[Session], concurrency: list[int] | None = None
         )
     except RequestsRefused as err:  # up, but it refused every request: the experiment failed, in the server's words
         session.stop_live()
-        record_failed(session, e, err.failure, f"{err.message} ({err.hint})")
+        named = serving_failure([err.detail])  # its answers name the cause (a CUDA OOM while loading on demand)
+        err.failure = named.failure if named is not None else err.failure
+        record_failed(session, e, err.failure, err.message if named is not None else f"{err.message} ({err.hint})")
         failed = store.get_experiment(e.id or 0)
         return BenchReport(experiment_id=e.id or 0, run=runs + 1, source="measured", levels=[], server_alive=False,
                            failure=err.failure, errors=[err.detail],
@@ -144,9 +147,10 @@ def run_benchmark(ctx: RunContext[Session], concurrency: list[int] | None = None
     by_level = {t.max_concurrency: t for t in telemetry}
     failed = [lv for lv in result.levels if lv.failed > 0]
     failure = dep.failure if failed else None
-    if failed and failure is None:
-        failure = "unknown" if dep.alive() else "server-exited"
     errors = sorted({err for lv in failed for err in lv.errors})[:3]
+    if failed and failure is None:
+        named = serving_failure(errors)  # the server's answers name the cause: a CUDA OOM at a larger batch
+        failure = named.failure if named is not None else "unknown" if dep.alive() else "server-exited"
     e = store.update_experiment(
         e.model_copy(update={"status": "finished", "failure": failure or e.failure, "finished_at": m.utcnow()})
     )

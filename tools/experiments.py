@@ -265,5 +265,11 @@ def record_failed(session: Session, e: m.Experiment, failure: str, message: str)
             update={"status": "failed", "failure": failure, "failure_detail": message[:500], "finished_at": m.utcnow()}
         )
     )
-    what = "the server refused the benchmark" if failure == "request-refused" else "did not start"
+    what = (
+        "the server refused the benchmark"
+        if failure == "request-refused"
+        else "the server failed its first requests"
+        if message.startswith("warmup failed")
+        else "did not start"
+    )
     session.emit("warning", f"experiment {e.number}: {what} ({failure}): {message[:200]}")

@@ -8,7 +8,8 @@
 #
 # The host needs torch, transformers (with fastapi, uvicorn and openai for `serve`) and nvidia-ml-py; pivot's other
 # dependencies come from .whl/ when it has them (a host without network: scripts/h200_device_run.sh lists how to
-# fetch them), else from the current environment. The campaign stops at CAMPAIGN_S seconds (default 420) wherever it
+# fetch them), else from the current environment. PAIRED (default off: a launch costs about 40 s here) is pivot run's
+# --paired. The campaign stops at CAMPAIGN_S seconds (default 420) wherever it
 # is, and the home comes back either way ($OUT/home.tgz): extracted into .gpu-home/ and carried to the next call,
 # `pivot resume` goes on where it stopped (the model is made again, the same seed gives the same weights).
 # A dry run on a host without a GPU: PIVOT_GPU_SERVE replaces the server's command (tests/standin_transformers_serve.py),
@@ -43,9 +44,9 @@ left() { echo $(( CAMPAIGN_S - ($(date +%s) - started) )); }
 session=$(pivot sessions --json 2>/dev/null | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r[0]["id"] if r else "")')
 if [ -z "$session" ]; then
   timeout -s INT "$(left)" pivot run scripts/gpu_campaign/plan.toml --engine command -o "command=$SERVE" \
-    -o model="$M" -o ready_timeout_s=300 --json >"$OUT/run.json" 2>>"$LOG"
+    -o model="$M" -o ready_timeout_s=300 --paired "${PAIRED:-off}" --json >"$OUT/run.json" 2>>"$LOG"
   echo "pivot run rc=$? at $(( $(date +%s) - started )) s" >>"$LOG"
-  session=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["session"])' "$OUT/run.json" 2>>"$LOG")
+  session=$(pivot sessions --json 2>/dev/null | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r[0]["id"] if r else "")')
 fi
 while [ -n "$session" ] && [ "$(left)" -gt 30 ]; do
   status=$(pivot show "$session" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["session"]["status"])')

@@ -15,7 +15,7 @@ in order with its own, and `Engine.diagnose` applies it.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from agent.contracts import Diagnosis
@@ -153,6 +153,18 @@ def diagnose(lines: str | Sequence[str], rules: Sequence[FailureRule] = COMMON_R
                 line = _MODULE_PREFIX.sub("", _LOG_PREFIX.sub("", line))  # the detail needs the room
                 return Diagnosis(rule.failure, f"{line}: {after.strip()}")
     return Diagnosis(UNKNOWN, first_exception(clean))
+
+
+def serving_failure(errors: Iterable[str]) -> Diagnosis | None:
+    """The failure class a running server's own error answers name (PyTorch's CUDA out-of-memory while it serves a
+    batch, a CUDA error, ...: the runtime rules), or None when they name none of them. A server that loads its model
+    on the first request (transformers serve) or runs out of memory at a larger batch fails requests, not its start:
+    its answers are where the cause is."""
+    for text in errors:
+        found = diagnose(text, RUNTIME_RULES)
+        if found.failure != UNKNOWN:
+            return found
+    return None
 
 
 # An exception as Python prints it at the end of a traceback: `NotImplementedError: FP8 KV cache ...`,

@@ -331,7 +331,7 @@ class HttpDeployment:
             one = spec.model_copy(update={"concurrency": [concurrency]})  # its SLOs go on the wall clock per attempt
             await asyncio.to_thread(recorder.mark_level, concurrency)
             host_mark = await asyncio.to_thread(host.mark) if host is not None else None
-            outcome = await self._level_in_time(one, report, on_progress)
+            outcome = await self._level_in_time(one, report, on_progress, first=not result.levels)
             if outcome is None:  # interrupted (Ctrl-C) before the level finished
                 result.interrupted = True
                 return
@@ -354,6 +354,7 @@ class HttpDeployment:
         one: m.BenchSpec,
         report: Callable[[LevelProgress], None],
         on_progress: ProgressCallback | None,
+        first: bool = True,
     ) -> tuple[m.BenchLevel, bool, bool] | None:
         """One level, run again at a lower time scale while the twin's clock fell behind this host's (its numbers
         would be this host's, not the twin's); refused as a measurement when it still does at the lowest scale.
@@ -362,7 +363,7 @@ class HttpDeployment:
         loop = asyncio.get_running_loop()
         while True:
             before, wall_before = await asyncio.to_thread(self._twin_clock), loop.time()
-            ran = await self._one_level(one.model_copy(update=self._wall_clock_slos(one)), report)
+            ran = await self._one_level(one.model_copy(update=self._wall_clock_slos(one)), report, first)
             if ran is None:
                 return None
             level, crashed, interrupted = ran
@@ -391,7 +392,7 @@ class HttpDeployment:
             return self._scaled(level).model_copy(update={"refused": why}), crashed, interrupted
 
     async def _one_level(
-        self, one: m.BenchSpec, report: Callable[[LevelProgress], None]
+        self, one: m.BenchSpec, report: Callable[[LevelProgress], None], first: bool = True
     ) -> tuple[m.BenchLevel, bool, bool] | None:
         """One level as the load generator measured it (wall clock), watching the process: (level, crashed,
         interrupted), or None when it was interrupted before it ended."""
@@ -408,6 +409,7 @@ class HttpDeployment:
                 warmup_pause_s=self.warmup_pause_s,
                 headers=self.bench_headers(),
                 vocab_size=one.vocab_size or DEFAULT_VOCAB_SIZE,
+                first_level=first,  # a later level's failed warmup is that level's failure, not a wrong endpoint
             )
         )
         died_at: float | None = None

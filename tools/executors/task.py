@@ -25,6 +25,7 @@ from agent.contracts import (
     load_engine,
 )
 from agent.errors import Interrupted, LaunchFailed, PivotError, RequestsRefused
+from tools.engines.failures import serving_failure
 
 PORT_RETRIES = 2  # another server took the port between its pick and the launch (servers side by side on a host)
 MAX_ERRORS = 3
@@ -94,18 +95,21 @@ def run_task(
         try:
             result = deployment.benchmark(spec, lambda line: say(line), output_file=raw)
         except RequestsRefused as err:  # up, but it refused every request: the experiment failed, in its words
-            say(f"the server refused the benchmark's requests ({err.failure}): {err.detail[:200]}", "warning")
-            return outcome("failed", failure=err.failure, failure_detail=f"{err.message} ({err.hint})"[:500],
-                           log_tail=deployment.log_tail(5))  # fmt: skip
+            named = serving_failure([err.detail])  # its answers name the cause (a CUDA OOM while loading on demand)
+            failure = named.failure if named is not None else err.failure
+            detail = err.message if named is not None else f"{err.message} ({err.hint})"
+            say(f"the server failed the benchmark's requests ({failure}): {err.detail[:200]}", "warning")
+            return outcome("failed", failure=failure, failure_detail=detail[:500], log_tail=deployment.log_tail(5))
         if result.interrupted:
             return outcome("interrupted", message="the benchmark was cut short before it finished")
         if not result.levels:
             return outcome("interrupted", message="the benchmark produced no level")
         failed_levels = [lv for lv in result.levels if lv.failed > 0]
         failure = deployment.failure if failed_levels else None
-        if failed_levels and failure is None:
-            failure = "unknown" if deployment.alive() else "server-exited"
         errors = sorted({err for lv in failed_levels for err in lv.errors})[:MAX_ERRORS]
+        if failed_levels and failure is None:
+            named = serving_failure(errors)  # the server's answers name the cause: a CUDA OOM at a larger batch
+            failure = named.failure if named is not None else "unknown" if deployment.alive() else "server-exited"
         telemetry = list(deployment.level_telemetry)  # the sweep's (a capacity level's benchmark starts afresh)
         profile = None
         if task.profile and deployment.alive():

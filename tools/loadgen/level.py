@@ -99,6 +99,9 @@ class _Sweep:
     vocab_size: int | None  # None: the served model's, read from its files when this host has them, else the default
     warmup_pause_s: float
     headers: dict[str, str] | None = None  # None: bench_serving's (auth_headers); {} sends no Authorization
+    # the first level this server is measured at: its warmup failing whole means a wrong endpoint or workload (the
+    # sweep is refused); a later level's (a deployment sweeping one level at a time) only warns, its level counts it
+    first_level: bool = True
     result: BenchResult = field(init=False)
     _warmup_warnings: list[str] = field(default_factory=list, init=False)
     auth: dict[str, str] = field(default_factory=dict, init=False)
@@ -318,7 +321,7 @@ class _Sweep:
         self._warmup_warnings = []
         if len(errors) < len(outcomes):
             return
-        if index == 0:  # nothing has worked yet: most likely a wrong endpoint or a wrong workload
+        if index == 0 and self.first_level:  # nothing has worked yet: most likely a wrong endpoint or workload
             hint = warmup_hint(spec.endpoint, spec.dataset_name, errors[0], self.vocab_size)
             if _VOCAB_ERROR.search(errors[0]):
                 hint = (

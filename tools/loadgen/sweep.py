@@ -23,11 +23,13 @@ async def run_sweep(
     vocab_size: int | None = DEFAULT_VOCAB_SIZE,
     warmup_pause_s: float = 1.0,
     headers: dict[str, str] | None = None,
+    first_level: bool = True,
 ) -> BenchResult:
     """Run `spec`'s concurrency levels one after another against base_url: one BenchLevel each, source "measured".
 
     Raises PivotError before any load when base_url does not answer, or when every warmup request of
-    the first level fails. Failed requests are counted in their level, never raised. When cancelled
+    the first level fails (`first_level` false: the caller measured this server at an earlier level, so a failed
+    warmup is the level's, counted as its failures, not a wrong endpoint). Failed requests are counted in their level, never raised. When cancelled
     (Ctrl-C), stops at once and returns the levels already finished with `interrupted=True`; each
     finished level is appended to `output_file` (JSONL, bench_serving's keys) as soon as it is done.
     `model` names the model in OpenAI requests (default: the first of `GET /v1/models`, if any);
@@ -36,7 +38,8 @@ async def run_sweep(
     `headers` go with every request; None sends bench_serving's Authorization (auth_headers: $OPENAI_API_KEY,
     else $API_KEY), which `pivot bench` keeps; an engine's deployment passes its own (none unless opted in).
     """
-    sweep = _Sweep(base_url, spec, backend, model, on_progress, output_file, vocab_size, warmup_pause_s, headers)
+    sweep = _Sweep(base_url, spec, backend, model, on_progress, output_file, vocab_size, warmup_pause_s, headers,
+                   first_level)  # fmt: skip
     return await sweep.run()
 
 

@@ -124,6 +124,8 @@ def _effect_text(ledger: Ledger, e: m.Experiment) -> str:
         return "not measured: " + ledger.not_measured_text(e)
     levels = ledger.levels.get(e.id or 0, {})
     if e.status == "failed" and not levels:
+        if (e.failure_detail or "").startswith("warmup failed"):  # up, but its first requests failed
+            return f"started, failed every first request ({e.failure or 'failed'})"
         return f"did not start ({e.failure or 'failed'})"
     failed = sorted(c for c, lv in levels.items() if lv.failed > 0)
     refused = sorted(c for c, lv in levels.items() if lv.refused and lv.failed == 0)
