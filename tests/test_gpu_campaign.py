@@ -94,7 +94,7 @@ def test_the_gpu_plan_runs_to_its_end_on_the_command_engine(tmp_path):
     for e in shown["experiments"]:
         by_item.setdefault(e.get("plan_item") or "baseline", e)
     assert by_item["baseline"]["verdict"] == "baseline"
-    assert by_item["04"]["verdict"] == "regressed" and by_item["02"]["verdict"] == "no_gain"
+    assert by_item["02"]["verdict"] == "adopted" and by_item["04"]["verdict"] == "regressed"
     # as on the H100: eager attention serves the first level and runs out of memory at 32; the co-tenant leaves the
     # server up and every request, the first included, fails with PyTorch's CUDA out-of-memory: both are oom
     eager = by_item["01"]
