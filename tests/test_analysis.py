@@ -336,6 +336,9 @@ def test_the_first_rule_whose_condition_holds_gives_the_verdict(glm5):
     assert decide(ref=slow_tokens) == "prefill_interference"
     assert decide(ref=slow_tokens, low=host_bound) == "host_overhead"
     assert decide(ref=slow_tokens, low=host_bound, kv=True) == "kv_capacity"
+    # a plan whose lowest level is 4 (the H100 campaign's, docs/gpu-campaign.md) still shows the host; one of 16 not
+    assert decide(ref=slow_tokens, low={**host_bound, "max_concurrency": 4}) == "host_overhead"
+    assert decide(ref=slow_tokens, low={**host_bound, "max_concurrency": 16}) == "prefill_interference"
     fast_gemm = {"gemm_bound": "compute", "share_of_peak_pct": 60.0}
     assert decide(ref=fast_gemm) == "compute"
     for largest, category in (("attention", "memory_bandwidth"), ("communication", "communication")):

@@ -109,3 +109,41 @@ def test_the_gpu_plan_runs_to_its_end_on_the_command_engine(tmp_path):
     assert servers and all(s["status"] != "running" for s in servers)
     assert not any("--model-path" in s["argv"] for s in servers), [s["argv"] for s in servers]
     assert any("PIVOT_GPU_HOLD_FRACTION" in json.dumps(e["config"]) for e in shown["experiments"])
+
+
+def test_the_recorded_h100_campaign_is_read_as_host_bound(tmp_path):
+    """The ledger the H100 campaign brought back (scripts/gpu_campaign/recorded/2026-12-06-h100/pivot.db), analysed
+    here: transformers serve's TPOT of 56 ms at 4 requests for 7 ms of GPU work is host overhead, not the memory
+    bandwidth the analysis named when only levels of at most 2 could show the host. The session's hardware was the
+    device's (NVML: NVIDIA H100 80GB HBM3, the shipped h100-sxm) and its model a folder there: both are pinned here."""
+    import shutil
+    import sqlite3
+
+    recorded = ROOT / "scripts" / "gpu_campaign" / "recorded" / "2026-12-06-h100"
+    (tmp_path / "state").mkdir()
+    shutil.copy(recorded / "pivot.db", tmp_path / "state" / "pivot.db")
+    model = tmp_path / "llama-3.1-8b-random"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(LLAMA_8B))
+    db = sqlite3.connect(tmp_path / "state" / "pivot.db")
+    (session, plan_json), = db.execute("select id, plan_json from sessions").fetchall()  # fmt: skip
+    plan = json.loads(plan_json)
+    plan["target"].update(hardware="h100-sxm", model=str(model))
+    db.execute("update sessions set plan_json = ? where id = ?", (json.dumps(plan), session))
+    db.commit()
+    db.close()
+    shown = json.loads(pivot(tmp_path, "show", session, "--json", env={}).stdout)
+    verdicts = [(e.get("plan_item"), e["verdict"]) for e in shown["experiments"]]
+    assert verdicts == [
+        (None, "baseline"),
+        ("01", "crashed"),
+        ("02", "no_gain"),
+        ("04", "regressed"),
+        ("03", "crashed"),
+    ]
+    done = pivot(tmp_path, "analyze", session, "--json", env={})
+    assert done.returncode == 0, done.stderr[-3000:]
+    analysis = json.loads(done.stdout)["analysis"]
+    assert analysis["bottleneck"] == "host_overhead", analysis["bottleneck"]
+    low = next(lv for lv in analysis["levels"] if lv["max_concurrency"] == 4)
+    assert low["mean_tpot_ms"] > 50 and low["tpot_over_floor"] > 10

@@ -31,7 +31,8 @@ concurrency, k experts per token out of E, tp/pp/ep the parallel sizes read from
   component estimates      expert GEMMs, dense GEMMs: max(bytes / bandwidth, FLOPs / achieved); attention: KV bytes
                            / bandwidth; communication: 2 all-reduces per layer of B x hidden x 2 bytes,
                            latency + 2 (tp-1)/tp x payload / link bandwidth each, plus the EP all-to-all and PP sends
-  host overhead            TPOT at concurrency <= 2 minus the GPU estimate there (a fixed cost per step)
+  host overhead            TPOT at the lowest level (concurrency <= 8) minus the GPU estimate there (a fixed cost
+                           per step)
   scaling exponent         ln(out_i / out_i-1) / ln(c_i / c_i-1): 1 is linear, below 0.2 throughput has stopped growing
   power share              mean GPU power / the enforced power limit
 
