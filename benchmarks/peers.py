@@ -13,7 +13,7 @@ Every launch measures the plan's grid (benchmarks/search_grid.json: the twin's n
 combination, as benchmarks/search_eval.py computes it) times (1 + noise x N(0, 1)). After each launch the incumbent is
 the configuration with the best measured value; its score is its *true* value over the grid's best. Printed side by
 side: the launches each peer needs until its incumbent reaches 0.99 of the grid's best (mean over seeds and the worst;
-"-" when the budget ran out first), and its score at budgets of 8, 16 and 32 launches. pivot's own rows come from
+"-" when the budget ran out first), and its score at budgets of 8, 16, 32 and 64 launches. pivot's own rows come from
 benchmarks/search_eval.py's --json (its campaigns as a user runs them, through the method, the baseline's two runs
 included):
 
@@ -25,6 +25,14 @@ grid, with no method (no noise band, no reruns): what a plain tuner does. The sa
 (`pivot run --search optuna-tpe|random`, tools/peers.py) are scored by benchmarks/search_eval.py:
 
     .venv/bin/python benchmarks/search_eval.py --modes search,optuna-tpe,random --seeds 2 --max-launches 16
+
+`--large` runs the plans of benchmarks/peers_plans/ instead (16 items, 65,536 combinations: no exhaustive grid). A
+combination is valued by the noise-free twin when a proposer first launches it; the reference is the best any
+proposer finds (each peer again with --reference-budget launches, noise-free, and pivot's campaigns), hill-climbed
+one item at a time until no switch gains, and printed under the table. pivot's campaigns run here through the
+method (benchmarks/search_eval.py's campaign), unbounded and again under each budget they went past:
+
+    .venv/bin/python benchmarks/peers.py --large --seeds 5 --jobs 2
 """
 
 from __future__ import annotations
@@ -35,11 +43,15 @@ import random
 import statistics
 import sys
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 GRID = ROOT / "benchmarks" / "search_grid.json"
-BUDGETS = (8, 16, 32)
+LARGE = ROOT / "benchmarks" / "peers_plans"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
+BUDGETS = (8, 16, 32, 64)
 TARGET = 0.99
 MIN_GAIN = 0.03
 
@@ -104,9 +116,10 @@ def optuna_order(make_sampler: Callable[[int], object]):
 
 
 def run(grid: dict, order, seed: int, noise: float, budget: int) -> list[float]:
-    """The incumbent's true score after each launch (up to `budget` launches)."""
+    """The incumbent's true value after each launch (up to `budget` launches): what the configuration with the best
+    mean measurement so far truly gives (grid["points"] maps a combination's key to it; 0: it does not start)."""
     rng = random.Random(seed)
-    points, best = grid["points"], grid["best_tok_s"]
+    points = grid["points"]
     measured: dict[tuple[str, ...], list[float]] = {}
 
     def measure(combo: tuple[str, ...]) -> float:
@@ -115,17 +128,89 @@ def run(grid: dict, order, seed: int, noise: float, budget: int) -> list[float]:
         measured.setdefault(combo, []).append(value)
         return value
 
-    scores = []
+    values = []
     for _ in order(list(grid["items"]), measure, rng):
         incumbent = max(measured, key=lambda c: statistics.mean(measured[c]))
-        scores.append((points.get(key(incumbent)) or 0.0) / best)
-        if len(scores) >= budget:
+        values.append(points.get(key(incumbent)) or 0.0)
+        if len(values) >= budget:
             break
-    return scores
+    return values
+
+
+class TwinPoints(dict):
+    """A large plan's combinations valued by the noise-free twin on demand (benchmarks/search_eval.py's true_tok, at
+    the workload's top level), each once: a plan of 16 items has 65,536, too many for an exhaustive grid."""
+
+    def __init__(self, plan_path: Path) -> None:
+        super().__init__()
+        import search_eval
+
+        self.plan = search_eval.load_plan(str(plan_path))
+        self.items = [it.id for it in search_eval._items(self.plan)]
+        self._value = lambda ids: search_eval.true_tok(self.plan, search_eval._config(self.plan, ids))
+
+    def get(self, k: str, default: float | None = None) -> float:
+        if k not in self:
+            self[k] = self._value(tuple(k.split("+")) if k else ())
+        return super().get(k, default)
+
+    def climb(self, start: str) -> str:
+        """Hill-climbing from `start`, one item switched on or off at a time, until no switch gains: where the best
+        any proposer found can still be improved, the reference moves there."""
+        best = start
+        while True:
+            have = set(best.split("+")) - {""}
+            moves = [key(tuple(have ^ {i})) for i in self.items]
+            top = max(moves, key=lambda k: self.get(k) or 0.0)
+            if (self.get(top) or 0.0) <= (self.get(best) or 0.0) * (1 + 1e-9):
+                return best
+            best = top
 
 
 def launches_to(scores: list[float]) -> int | None:
     return next((i + 1 for i, s in enumerate(scores) if s >= TARGET), None)
+
+
+def pivot_rows_large(plan_path: Path, seeds: int, noise: float, jobs: int) -> list[dict]:
+    """pivot's own campaigns on a large plan through the method (benchmarks/search_eval.py's campaign): unbounded,
+    and again under every budget the unbounded campaign went past."""
+    import search_eval
+
+    tasks = [(str(plan_path), noise, seed, True) for seed in range(1, seeds + 1)]
+    with ProcessPoolExecutor(jobs) as pool:
+        rows = list(pool.map(search_eval.campaign, tasks))
+        bounded = [(*t, None, b) for t, r in zip(tasks, rows, strict=True) for b in BUDGETS if r["launches"] > b]
+        for t, r in zip(bounded, pool.map(search_eval.campaign, bounded), strict=True):
+            rows.append({**r, "budget": t[5]})
+    return rows
+
+
+def _peer_row(name: str, peer: str, runs: list[list[float]], best: float) -> str:
+    scores = [[v / best for v in s] for s in runs]
+    reached = [launches_to(s) for s in scores]
+    got = [x for x in reached if x is not None]
+    mean = f"{statistics.mean(got):.1f}" if got else "-"
+    worst = str(max(got)) if len(got) == len(reached) else "-"
+    at = [statistics.mean(s[min(b, len(s)) - 1] for s in scores) for b in BUDGETS]
+    final = statistics.mean(s[-1] for s in scores)
+    return (f"| {name} | {peer} | {len(runs)} | {mean} ({worst}) | " + " | ".join(f"{x:.4f}" for x in at)
+            + f" | {final:.4f} |")  # fmt: skip
+
+
+def _pivot_row(name: str, mine: list[dict], best: float) -> str:
+    """pivot's row: launches to the target from its unbounded campaigns; its score at each budget from the campaign
+    run under that budget (or the unbounded one, where it needed no more)."""
+    free = [r for r in mine if r.get("budget") is None]
+    ratios = [r["final_tok_s"] / best for r in free]
+    reached = [r["launches"] for r in free if r["final_tok_s"] / best >= TARGET]
+    worst = "-" if len(reached) < len(free) else str(max(reached))
+    mean = f"{statistics.mean(reached):.1f}" if reached else "-"
+    at = []
+    for b in BUDGETS:
+        scored = [next((x for x in mine if x.get("budget") == b and x["seed"] == r["seed"]), r) for r in free]
+        at.append(f"{statistics.mean(x['final_tok_s'] / best for x in scored):.4f}")
+    return (f"| {name} | pivot (twin search, through the method) | {len(free)} | {mean} ({worst}) | "
+            + " | ".join(at) + f" | {statistics.mean(ratios):.4f} |")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,8 +219,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--noise", type=float, default=0.015)
     ap.add_argument("--budget", type=int, default=64)
     ap.add_argument("--pivot", type=Path, help="benchmarks/search_eval.py --json output: pivot's own rows.")
+    ap.add_argument(
+        "--large",
+        action="store_true",
+        help="The large plans (benchmarks/peers_plans/, 16 items): valued by the twin on demand, scored "
+        "against the best any proposer finds (pivot's campaigns run here, through the method).",
+    )
+    ap.add_argument(
+        "--reference-budget",
+        type=int,
+        default=256,
+        help="--large: each peer's launches for the reference (then hill-climbed from the best found).",
+    )
+    ap.add_argument("--jobs", type=int, default=2, help="--large: processes for pivot's campaigns.")
     args = ap.parse_args(argv)
-    grids = json.loads(GRID.read_text())
     peers: dict[str, object] = {"plan-order": plan_order, "random": random_order}
     for kind in ("tpe", "gp"):
         sampler = optuna_sampler(kind)
@@ -144,12 +241,39 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)  # fmt: skip
         else:
             peers[f"optuna-{kind}"] = optuna_order(sampler)
-    pivot_rows = json.loads(args.pivot.read_text()) if args.pivot else []
-    print(f"| plan | search | runs | launches to {TARGET} of the grid best: mean (worst) | "
-          + " | ".join(f"score at {b}" for b in BUDGETS) + " | final score |")  # fmt: skip
+    print(f"| plan | search | runs | launches to {TARGET} of the {'best known' if args.large else 'grid best'}: "
+          "mean (worst) | " + " | ".join(f"score at {b}" for b in BUDGETS) + " | final score |")  # fmt: skip
     print("|" + " --- |" * (5 + len(BUDGETS)))
+    notes = []
+    if args.large:
+        for path in sorted(LARGE.glob("*.toml")):
+            points = TwinPoints(path)
+            grid = {"items": points.items, "points": points}
+            mine = pivot_rows_large(path, args.seeds, args.noise, args.jobs)
+            runs = {peer: [run(grid, order, seed, args.noise, args.budget) for seed in range(1, args.seeds + 1)]
+                    for peer, order in peers.items()}  # fmt: skip
+            for peer, order in peers.items():  # the reference: every proposer with a large budget, then a climb
+                if peer != "plan-order":
+                    run(grid, order, 0, 0.0, args.reference_budget)
+            for r in mine:
+                points.get(r["final_key"])
+            found = max(points, key=lambda k: points[k])
+            top = points.climb(found)
+            best = points[top]
+            notes.append(f"{points.plan.name}: {len(points.items)} items ({2 ** len(points.items):,} combinations), "
+                         f"{len(points):,} valued; best known {top or '(base)'} {best:,.0f} output tok/s"
+                         + ("" if top == found else f" (hill-climbed from {found}, {points[found]:,.0f})"))  # fmt: skip
+            print(_pivot_row(points.plan.name, mine, best))
+            for peer, values in runs.items():
+                print(_peer_row(points.plan.name, peer, values, best))
+        for note in notes:
+            print(f"\n{note}")
+        return 0
+    grids = json.loads(GRID.read_text())
+    pivot_rows = json.loads(args.pivot.read_text()) if args.pivot else []
     for name, grid in sorted(grids.items()):
-        mine = [r for r in pivot_rows if r.get("plan") == name and r.get("noise") == args.noise]
+        mine = [r for r in pivot_rows if r.get("plan") == name and r.get("noise") == args.noise
+                and r.get("search") in (True, "twin")]  # the twin-guided search's rows, not greedy's  # fmt: skip
         if mine:
             ratios = [r["final_tok_s"] / grid["best_tok_s"] for r in mine]
             reached = [r["launches"] for r in mine if r["final_tok_s"] / grid["best_tok_s"] >= TARGET]
@@ -159,14 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                   + " | ".join("" for _ in BUDGETS) + f" | {statistics.mean(ratios):.4f} |")  # fmt: skip
         for peer, order in peers.items():
             runs = [run(grid, order, seed, args.noise, args.budget) for seed in range(1, args.seeds + 1)]
-            reached = [launches_to(s) for s in runs]
-            got = [x for x in reached if x is not None]
-            mean = f"{statistics.mean(got):.1f}" if got else "-"
-            worst = str(max(got)) if len(got) == len(reached) else "-"
-            at = [statistics.mean(s[min(b, len(s)) - 1] for s in runs) for b in BUDGETS]
-            final = statistics.mean(s[-1] for s in runs)
-            print(f"| {name} | {peer} | {len(runs)} | {mean} ({worst}) | "
-                  + " | ".join(f"{x:.4f}" for x in at) + f" | {final:.4f} |")  # fmt: skip
+            print(_peer_row(name, peer, runs, grid["best_tok_s"]))
     return 0
 
 

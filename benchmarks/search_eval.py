@@ -217,6 +217,7 @@ def campaign(args: tuple) -> dict:
         "search": searched,
         "truth": truth,
         "final_tok_s": final,
+        "final_key": "+".join(sorted(method.active_items())),  # the plan items the final best configuration holds
         "launches": launches,
         "noop_launches": noop,
         "false_adoptions": false_adopt,
