@@ -621,7 +621,13 @@ class Method:
             )
         if e.status == "failed" and self.run_count(e) == 0:
             detail = f": {e.failure_detail}" if e.failure_detail else ""
-            what = "the server refused the benchmark's requests" if e.failure == "request-refused" else "did not start"
+            what = (
+                "the server refused the benchmark's requests"
+                if e.failure == "request-refused"
+                else "started, then failed every first request"  # up, but its first batch failed (a CUDA OOM)
+                if (e.failure_detail or "").startswith("warmup failed")
+                else "did not start"
+            )
             return Judgement(suggestion="crashed", text=f"{what} ({e.failure or 'failed'}){detail}", **common)
         changed, unmodelled = self.unmodelled_change(e)
         common["not_modelled"] = unmodelled
