@@ -51,6 +51,12 @@ def test_a_model_folder_with_a_config_json_is_a_model_profile(tmp_path):
     bad = CliRunner().invoke(cli, ["sim", "step", "--model-profile", str(tmp_path), "--hardware", "h200",
                                    "--batch", "4", "--context", "128"])  # fmt: skip
     assert bad.exit_code == 1 and "has no config.json" in bad.stderr
+    as_file = CliRunner().invoke(cli, ["sim", "step", "--model-profile", str(folder / "config.json"), "--hardware",
+                                       "h200", "--batch", "4", "--context", "128", "--json"])  # fmt: skip
+    assert as_file.exit_code == 0, as_file.output
+    by_folder = CliRunner().invoke(cli, ["sim", "step", "--model-profile", str(folder), "--hardware", "h200",
+                                         "--batch", "4", "--context", "128", "--json"])  # fmt: skip
+    assert json.loads(as_file.stdout)["gpu_ms"] == json.loads(by_folder.stdout)["gpu_ms"]
 
 
 def test_the_step_benchmark_reads_a_config_and_says_so_without_a_gpu(tmp_path):

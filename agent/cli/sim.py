@@ -200,8 +200,8 @@ def serve(ctx, model_profile, hardware, gpus, time_scale, startup_s, noise, seed
 
 
 @sim.command("step", context_settings={"ignore_unknown_options": True})
-@click.option("--model-profile", required=True, help="A model profile's name, a profile file, or a model folder with "
-              "a config.json (as a plan's target).")  # fmt: skip
+@click.option("--model-profile", required=True, help="A model profile's name, a profile file, a model folder with "
+              "a config.json (as a plan's target), or that config.json.")  # fmt: skip
 @click.option("--hardware", required=True, help="Hardware profile (name or .toml).")
 @click.option("--tp", type=click.IntRange(1, 64), default=1, show_default=True, help="Tensor-parallel GPUs.")
 @click.option("--batch", type=click.IntRange(1, 100_000), required=True, help="Requests in the decode step.")

@@ -123,18 +123,13 @@ def _effect_text(ledger: Ledger, e: m.Experiment) -> str:
     if e.verdict == "not_measured":
         return "not measured: " + ledger.not_measured_text(e)
     levels = ledger.levels.get(e.id or 0, {})
-    if e.status == "failed" and not levels:
-        if (e.failure_detail or "").startswith("warmup failed"):  # up, but its first requests failed
-            return f"started, failed every first request ({e.failure or 'failed'})"
-        return f"did not start ({e.failure or 'failed'})"
+    if e.status == "failed" and not levels:  # up, then its first requests failed (a CUDA OOM), or it never came up
+        up = (e.failure_detail or "").startswith("warmup")
+        return f"{'started, failed every first request' if up else 'did not start'} ({e.failure or 'failed'})"
     failed = sorted(c for c, lv in levels.items() if lv.failed > 0)
     refused = sorted(c for c, lv in levels.items() if lv.refused and lv.failed == 0)
-    ok = ledger.ok_levels(e)
-    return _effect_parts(ledger, e, ok, failed) + (
-        f"; not a measurement at {', '.join(map(str, refused))} (this host fell behind the twin's clock)"
-        if refused
-        else ""
-    )
+    late = f"; not a measurement at {', '.join(map(str, refused))} (this host fell behind the twin's clock)"
+    return _effect_parts(ledger, e, ledger.ok_levels(e), failed) + (late if refused else "")
 
 
 def _effect_parts(ledger: Ledger, e: m.Experiment, ok: dict[int, m.BenchLevel], failed: list[int]) -> str:

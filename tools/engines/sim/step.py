@@ -26,8 +26,10 @@ from tools.profiles import HardwareProfile, ModelProfile, load_hardware, load_mo
 
 def resolve_model(ref: str) -> ModelProfile:
     """A model profile from a shipped profile's name, a profile file, or a model folder with a config.json (as a
-    plan's target resolves it)."""
+    plan's target resolves it), or that config.json itself."""
     folder = Path(ref).expanduser()
+    if folder.is_file() and folder.name.endswith(".json"):  # the config.json given itself: its folder is the model
+        folder = folder.parent
     if folder.is_dir():
         from tools.profiles.generated import model_from_config
 
