@@ -231,6 +231,22 @@ def test_the_generated_profiles_are_recorded_with_the_session_and_read_back(stor
         target_profiles(plan_for(str(model)).target)
 
 
+def test_detected_hardware_is_pinned_to_the_session_a_shipped_profile_too(store, paths, tmp_path, monkeypatch):
+    """A campaign on a GPU host whose hardware the plan leaves unset (scripts/gpu_campaign: NVML named the shipped
+    h100-sxm) is read elsewhere as it was measured there, not as this host's CPU."""
+    import tools.profiles.target as target_mod
+    from tools.profiles import load_hardware
+
+    monkeypatch.setattr(target_mod, "detect_hardware", lambda: load_hardware("h100-sxm"))
+    model = write_model(tmp_path / "tiny", LLAMA)
+    with Session.create(store, paths, plan_for(str(model)), engine_name="vllm") as s:
+        there = session_profiles(store, s.id)
+    assert there.hardware.name == "h100-sxm"
+    monkeypatch.setattr(target_mod, "detect_hardware", cpu_profile)  # read on another host
+    here = session_profiles(store, s.id)
+    assert here.hardware == there.hardware and "recorded with the session" in " ".join(here.notes)
+
+
 def _session_with(store, paths, plan: m.Plan, levels: list[m.BenchLevel]) -> str:
     with Session.create(store, paths, plan, engine_name=plan.target.engine) as s:
         e = store.add_experiment(s.id, m.Experiment(kind="baseline", title="baseline", config=plan.target.base_config(),

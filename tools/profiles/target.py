@@ -66,7 +66,8 @@ def model_profile_for(target: m.Target, recorded: Mapping[str, Any] | None = Non
 def hardware_profile_for(
     target: m.Target, recorded: Mapping[str, Any] | None = None
 ) -> tuple[HardwareProfile, str, bool]:
-    """(the hardware profile, where it came from, whether pivot generated it)."""
+    """(the hardware profile, where it came from, whether it is recorded with the session: generated, or detected on
+    this host, a shipped profile included, so that the session is read on another host as it was measured)."""
     if target.hardware:
         return load_hardware(target.hardware), f"hardware profile {target.hardware}", False
     if recorded:
@@ -75,11 +76,7 @@ def hardware_profile_for(
         except ValidationError as e:
             raise PivotError(f"the session's recorded hardware profile cannot be read: {e.errors()[0]['msg']}") from e
     hw = detect_hardware()
-    return (
-        hw,
-        f"hardware detected here: {hw.title} ({hw.source or 'a shipped profile'})",
-        hw.name not in names("hardware"),
-    )
+    return hw, f"hardware detected here: {hw.title} ({hw.source or 'a shipped profile'})", True
 
 
 def target_profiles(target: m.Target, recorded: Mapping[str, Mapping[str, Any]] | None = None) -> TargetProfiles:
