@@ -182,8 +182,9 @@ def test_stop_kills_the_whole_group_even_when_sigterm_is_ignored(tmp_path):
 def test_a_missing_command_is_a_clear_error(tmp_path):
     server = ManagedServer(["/no/such/server"], log_path=tmp_path / "x.log", base_url="http://127.0.0.1:1",
                            engine="command")  # fmt: skip
-    with pytest.raises(process.PivotError, match="'/no/such/server' was not found"):
+    with pytest.raises(process.PivotError, match="'/no/such/server' was not found") as info:
         server.start()
+    assert getattr(info.value, "failure", None) == "engine-not-installed"  # recorded so, not `unknown`
     with pytest.raises(process.PivotError, match="non-empty list"):
         ManagedServer("python -m x", log_path=tmp_path / "x.log", base_url="http://x", engine="command")
 

@@ -452,9 +452,10 @@ class ManagedServer:
                 )
             except FileNotFoundError as e:
                 self._remove_tmp()
-                raise PivotError(
+                raise LaunchFailed(  # the engine's own class for it, as a log saying `command not found` gets
                     f"cannot launch {self.engine}: {self.argv[0]!r} was not found",
                     hint="install it, or point the engine at it (python, prefix or command options)",
+                    failure="engine-not-installed",
                 ) from e
             except OSError as e:
                 self._remove_tmp()
