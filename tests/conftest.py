@@ -11,6 +11,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.pop("COLUMNS", None)
     os.environ.pop("LINES", None)
 
+import signal
+
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    # a suite started in the background by a non-interactive shell (`cmd &`) inherits SIGINT ignored, and so would
+    # every process a test starts: the tests that press Ctrl-C on pivot would see it ignored. Run as in a terminal.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 import pydantic_ai.models
 import pytest
 

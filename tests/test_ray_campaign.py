@@ -27,7 +27,7 @@ from agent.session import Paths
 from agent.store import Store
 from tests.procs import until
 from tools.method.moves import BASELINE_RUNS_MAX
-from tools.method.reading import SURPRISE_RUNS
+from tools.method.reading import NEAR_BAND_RUNS, SURPRISE_RUNS
 
 ROOT = Path(__file__).resolve().parent.parent
 PIVOT = [sys.executable, "-m", "agent.cli"]
@@ -151,8 +151,9 @@ def test_a_driver_killed_mid_step_leaves_nothing_and_the_session_resumes_here(tm
             assert e.status != "running"
             runs = store.bench_results(e.id or 0)
             # a run cut short was run again, never kept twice; a change that surprised the twin by more than the band
-            # (sim-http on a loaded host) is confirmed on SURPRISE_RUNS runs before its verdict
-            assert len(runs) <= (BASELINE_RUNS_MAX if e.kind == "baseline" else SURPRISE_RUNS)
+            # (sim-http on a loaded host) is confirmed on SURPRISE_RUNS runs before its verdict, a gain within its
+            # standard error of the band on NEAR_BAND_RUNS
+            assert len(runs) <= (BASELINE_RUNS_MAX if e.kind == "baseline" else max(SURPRISE_RUNS, NEAR_BAND_RUNS))
             assert len({r.raw_path for r in runs}) == len(runs)  # each run its own file: none recorded twice
         assert all(e.verdict is not None for e in experiments if e.status == "finished")  # the steps were judged
         assert store.open_pivot(session_id) is not None  # Tier 1 ended at its pivot

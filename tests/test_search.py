@@ -266,7 +266,10 @@ def test_adoption_is_confirmed_by_a_second_run(store, paths, fake_twin) -> None:
             measure(store, s, e, 1050)  # the mean, 1,075, beats the band (and the runs' own 4.7% spread): adopted
             assert Method.read(store, s.id).judge(e).suggestion == "adopted"
             lucky = add(store, s, ["07"], plan.item("07").apply(base.config), base)
-            measure(store, s, lucky, 1040, 1000)  # +4% once, then nothing: the mean (+2%) is inside the band
+            measure(store, s, lucky, 1040, 1000)  # +4% once, then nothing: the mean (+2%) is inside the band,
+            j = Method.read(store, s.id).judge(lucky)  # by less than its standard error on runs this scattered
+            assert j.suggestion == "rerun" and "within its standard error" in j.text
+            measure(store, s, lucky, 1000, 1005)  # two more runs (NEAR_BAND_RUNS): their mean (+1.1%) is no gain
             assert Method.read(store, s.id).judge(lucky).suggestion == "no_gain"
 
 
@@ -421,7 +424,9 @@ def test_a_change_at_the_band_is_judged_with_the_twins_record(store, paths, fake
     twin puts it inside the band too. The measured change stays the measured one."""
     plan = make_plan(["07", "06", "08"])
 
-    def campaign(predicted_07: float, predicted_06: float | None, measured_06: float) -> tuple[Method, m.Experiment]:
+    def campaign(
+        predicted_07: float, predicted_06: float | None, measured_06: float, runs: int = 2
+    ) -> tuple[Method, m.Experiment]:
         s = session_for(store, paths, plan)
         base = add(store, s, [], plan.target.base_config(), None)
         base = store.update_experiment(measure(store, s, base, 1000, 1010).model_copy(update={"verdict": "baseline"}))
@@ -430,26 +435,29 @@ def test_a_change_at_the_band_is_judged_with_the_twins_record(store, paths, fake
         first = store.update_experiment(first.model_copy(update={"verdict": "adopted"}))
         b = 1307.5 * (1 + measured_06 / 100)
         e = add(store, s, ["06"], plan.item("06").apply(first.config), first, predicted_change_pct=predicted_06)
-        e = measure(store, s, e, b - 5, b + 5)
+        e = measure(store, s, e, *[b - 5, b + 5] * (runs // 2))
         return Method.read(store, s.id), e
 
     method, e = campaign(30.0, 3.6, 2.4)  # the twin within noise of its one measured change
+    j = method.judge(e)  # within its standard error of the band on two runs: measured again (NEAR_BAND_RUNS)
+    assert j.suggestion == "rerun" and "within its standard error" in j.text, j.text
+    method, e = campaign(30.0, 3.6, 2.4, runs=4)
     j = method.judge(e)
     assert j.change_pct == pytest.approx(2.4, abs=0.01), j.text  # the measurement, as measured
     assert 3.0 < (j.judged_pct or 0) < 3.6 and j.suggestion == "adopted"
-    assert "measured +2.4% (2 runs) and predicted +3.6% (the twin, within 0.5% of 1 measured change" in j.text
+    assert "measured +2.4% (4 runs) and predicted +3.6% (the twin, within 0.5% of 1 measured change" in j.text
     assert f"{j.judged_pct:+.1f}%, beyond the 3.0% noise band" in j.text
 
-    method, e = campaign(30.0, None, 2.4)  # no prediction: today's rule
+    method, e = campaign(30.0, None, 2.4, runs=4)  # no prediction: today's rule (on 4 runs: none near the band)
     j = method.judge(e)
     assert j.judged_pct == j.change_pct and j.suggestion == "no_gain" and "predicted" not in j.text
 
-    method, e = campaign(20.0, 3.6, 2.4)  # the twin was 10% off on the campaign's one measured change
+    method, e = campaign(20.0, 3.6, 2.4, runs=4)  # the twin was 10% off on the campaign's one measured change
     j = method.judge(e)
     assert j.judged_pct == j.change_pct and j.suggestion == "no_gain"
     assert "off by" in j.text and "judged on the measurement alone" in j.text
 
-    method, e = campaign(30.0, 9.0, 2.4)  # the measurement contradicts the prediction: the measurement alone
+    method, e = campaign(30.0, 9.0, 2.4, runs=4)  # the measurement contradicts the prediction: the measurement alone
     j = method.judge(e)
     assert j.judged_pct == j.change_pct and j.suggestion == "no_gain" and "contradicts" in j.text
 

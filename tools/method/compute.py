@@ -172,10 +172,13 @@ def _judging(method: Method, mv: Moves) -> bool:
                 f"its base measured again after experiment {e.number} before that verdict (A/B/A: judged in pairs)"
             )
         elif j.suggestion == "rerun":
+            n = len(j.runs_tok_s)
             mv.reruns[eid] = (
                 "a gain beyond the band on one run: a second run confirms it"
-                if (j.judged_pct or 0) >= j.band_pct
+                if n < 2 and (j.judged_pct or 0) >= j.band_pct
                 else "the gain is inside the noise band: rerun it before the verdict"
+                if n < 2
+                else f"one more run before its verdict ({n} runs so far; its judgement says why)"
             )
         elif (
             e.plan_item in method.plan.item_ids()

@@ -26,6 +26,11 @@ read the ledger through this one module, so an LLM and the built-in policy are h
   predict is called a regression only when its mean is beyond the band by its standard error (the pooled
   run-to-run noise over its runs and its base's): a loss just past the band that the noise can explain is no gain,
   not a claim that the change hurts;
+- a gain near the band is measured again before its verdict: with the search on, a change whose (judged) gain lies
+  within its standard error of the band, on either side, is rerun until it has NEAR_BAND_RUNS runs, so that a
+  true +3.2% that two unlucky runs put at +2.6% is not called no gain, nor a true +1% that two lucky runs put at
+  +3.5% adopted (noise-free runs have no standard error: nothing is near; a change judged in pairs with its base,
+  tools/method/paired.py, is not: a run of it after its base's last has no pair and would not count);
 - a change whose changed flags the engine does not model (a simulated engine: `Experiment.not_modelled`) is not
   measured, whatever numbers the engine gave: its effect is not in them.
 
@@ -39,21 +44,19 @@ import functools
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
-
-from pydantic import BaseModel, Field
 
 from agent import models as m
 from agent.contracts import load_engine
 from agent.errors import PivotError
 from agent.store import Store
 from tools.method import paired
+from tools.method.judgement import OWN_SPREAD_FACTOR, Judgement, Suggestion, own_band  # noqa: F401 (re-exported)
 from tools.method.objective import Objective, noise_pct, objective_for
 from tools.method.words import _names, engine_words, not_measured_text, refused_text  # noqa: F401 (re-exported)
 
 HOST_MOVED_CORES = 0.5  # other processes' CPU use (cores) that differs this much between two runs is a moved host
-OWN_SPREAD_FACTOR = 2.0  # a change's own runs' spread beyond this many bands replaces the band (own_band)
 SURPRISE_RUNS = 3  # runs before a change that contradicts its prediction is judged (see the module docstring)
+NEAR_BAND_RUNS = 4  # runs before a gain within its standard error of the band is judged (the module docstring)
 TWIN_MIN_PCT = 0.5  # the twin's own error on a change is never taken below this, whatever its record
 TWIN_RECORD = ("adopted", "no_gain", "regressed", "superseded")  # verdicts whose measured change is the twin's record
 REFUSED_FAILURES = (
@@ -63,19 +66,6 @@ REFUSED_FAILURES = (
     "argument-validation",
     "unsupported-hardware",
 )
-
-
-def own_band(runs: list[float], band: float) -> tuple[float, str]:
-    """The band a change's runs are judged by: the session's, or their own spread when it is wider (a null control
-    measured at 473 and 221 tok/s is not a regression on a 4% band), with the words that say so. Their spread
-    counts once it is OWN_SPREAD_FACTOR times the band: runs that merely scatter as the baseline's do keep its band."""
-    own = noise_pct(runs) if len(runs) >= 2 else None
-    if own is None or own <= OWN_SPREAD_FACTOR * band:
-        return band, ""
-    return own, (
-        f"; its own {len(runs)} runs spread {own:.1f}%, wider than the session's {band:.1f}% band: judged against "
-        "their spread"
-    )
 
 
 def unmet_words(method: Method, e: m.Experiment) -> str:
@@ -96,49 +86,6 @@ def unmet_words(method: Method, e: m.Experiment) -> str:
         unit = getattr(method.objective, "unit", "")
         parts.append(f"{method.objective.number(value)} {unit}{share} at concurrency {c}".replace("  ", " "))
     return "no level meets the objective: " + "; ".join(parts) if parts else "no level meets the objective"
-
-
-Suggestion = Literal[
-    "baseline",
-    "adopted",
-    "no_gain",
-    "regressed",
-    "crashed",
-    "ruled_out",
-    "not_measured",
-    "rerun",
-    "rebase",
-    "pending",
-    "superseded",
-]
-
-
-class Judgement(BaseModel):
-    """An experiment measured against its base, and the verdict the method gives it."""
-
-    experiment_id: int
-    base_experiment_id: int | None = None
-    suggestion: Suggestion = Field(description="The method's verdict; `rerun` when the gain is inside the noise.")
-    concurrency: int | None = Field(default=None, description="The judged level.")
-    before_tok_s: float | None = None
-    after_tok_s: float | None = Field(default=None, description="Mean output tok/s over this experiment's runs.")
-    runs_tok_s: list[float] = Field(default_factory=list, description="Output tok/s of each run at the judged level.")
-    change_pct: float | None = Field(default=None, description="The measured change (mean against mean), in %.")
-    judged_pct: float | None = Field(
-        default=None,
-        description="The change the verdict is judged by: the measured one, or the measured and the twin's predicted "
-        "change weighted by their precision (`text` says which, with both numbers).",
-    )
-    noise_pct: float | None = Field(
-        default=None, description="Measured: twice the standard error of the baseline's mean (two runs: their spread)."
-    )
-    band_pct: float = Field(description="A change must beat this to be adopted: max(floor, measured noise).")
-    failed_levels: list[int] = Field(default_factory=list)
-    noop_flags: list[str] = Field(default_factory=list, description="Flags the engine accepts but never reads.")
-    not_modelled: list[str] = Field(
-        default_factory=list, description="Flags this change touches that the engine does not model (simulated)."
-    )
-    text: str = Field(description="The comparison in one sentence, with its numbers: usable as a verdict's reason.")
 
 
 @dataclass
@@ -443,36 +390,50 @@ class Method:
                 out.append((measured, x.predicted_change_pct, len(cmp[2]), len(cmp[1])))
         return out
 
-    def with_twin(self, e: m.Experiment, change: float, runs: int, base_runs: int, band: float) -> tuple[float, str]:
-        """The change `e` is judged by, and how it was reached, in words: the measured change, or, when the twin
-        predicted it before launch, its errors on this campaign's measured changes (beyond what the noise explains)
-        stay under the band and this measurement does not contradict it, the measured and the predicted change
-        weighted by their precision."""
+    def with_twin(
+        self, e: m.Experiment, change: float, runs: int, base_runs: int, band: float
+    ) -> tuple[float, str, float]:
+        """The change `e` is judged by, how it was reached, in words, and the prediction's weight in it (0: the
+        measurement alone): the measured change, or, when the twin predicted it before launch, its errors on this
+        campaign's measured changes (beyond what the noise explains) stay under the band and this measurement does
+        not contradict it, the measured and the predicted change weighted by their precision."""
         p, unit_runs = e.predicted_change_pct, f"{runs} run{'s' if runs != 1 else ''}"
         sd = self.run_sd_pct(e.workload)
         heard = p is not None and self.settings.search and e.kind == "change" and not e.not_modelled
         record = self.twin_record(e) if heard else []  # the greedy path (search off) judges measurements alone
         if p is None or sd is None or not record:
-            return change, ""
+            return change, "", 0.0
         var = sd**2 * (1 / runs + 1 / base_runs)  # of the measured change
         noise2 = sum(sd**2 * (1 / n + 1 / nb) for _, _, n, nb in record) / len(record)
         twin2 = max(TWIN_MIN_PCT**2, sum((mc - pc) ** 2 for mc, pc, _, _ in record) / len(record) - noise2)
         of = f"{len(record)} measured change{'s' if len(record) != 1 else ''}"
         if twin2**0.5 >= band:
-            return change, (
-                f"; the twin predicted {p:+.1f}%, but its predictions were off by {twin2**0.5:.1f}% of {of} beyond "
-                "the noise: judged on the measurement alone"
+            return (
+                change,
+                (
+                    f"; the twin predicted {p:+.1f}%, but its predictions were off by {twin2**0.5:.1f}% of {of} beyond "
+                    "the noise: judged on the measurement alone"
+                ),
+                0.0,
             )
         if abs(change - p) > 2 * (var + twin2) ** 0.5:
-            return change, (
-                f"; the twin predicted {p:+.1f}% (within {twin2**0.5:.1f}% of {of}), but this measurement contradicts "
-                "it beyond both their errors: judged on the measurement alone"
+            return (
+                change,
+                (
+                    f"; the twin predicted {p:+.1f}% (within {twin2**0.5:.1f}% of {of}), but this measurement contradicts "
+                    "it beyond both their errors: judged on the measurement alone"
+                ),
+                0.0,
             )
         weight = var / (var + twin2)  # of the prediction
         judged = change + weight * (p - change)
-        return judged, (
-            f"; measured {change:+.1f}% ({unit_runs}) and predicted {p:+.1f}% (the twin, within {twin2**0.5:.1f}% of "
-            f"{of}; run-to-run noise {sd:.1f}%): {judged:+.1f}%"
+        return (
+            judged,
+            (
+                f"; measured {change:+.1f}% ({unit_runs}) and predicted {p:+.1f}% (the twin, within {twin2**0.5:.1f}% of "
+                f"{of}; run-to-run noise {sd:.1f}%): {judged:+.1f}%"
+            ),
+            weight,
         )
 
     def _surprise(self, e: m.Experiment, change: float, band: float) -> bool:
@@ -484,9 +445,26 @@ class Method:
     def _unsure_loss(self, e: m.Experiment, judged: float, band: float, runs: int, base_runs: int) -> float | None:
         """The standard error of a surprising loss past the band that it does not clear (see the module docstring),
         else None."""
-        sd = self.run_sd_pct(e.workload)
-        se = sd * (1 / runs + 1 / base_runs) ** 0.5 if sd is not None and runs and base_runs else None
+        se = self._standard_error(e, runs, base_runs)
         return se if se is not None and -band - se < judged <= -band else None
+
+    def _standard_error(self, e: m.Experiment, runs: int, base_runs: int) -> float | None:
+        """The standard error of `e`'s measured change in points: the pooled run-to-run noise over its runs and its
+        base's; None before any experiment ran twice."""
+        sd = self.run_sd_pct(e.workload)
+        return sd * (1 / runs + 1 / base_runs) ** 0.5 if sd is not None and runs and base_runs else None
+
+    def _near_band(
+        self, e: m.Experiment, judged: float, band: float, runs: int, base_runs: int, weight: float
+    ) -> float | None:
+        """The standard error of a gain that lies within it of the band and has fewer than NEAR_BAND_RUNS runs
+        (with the search on; see the module docstring), else None. Where the twin's prediction has `weight` in the
+        judged gain, the judged gain's variance is the measurement's times (1 - weight)."""
+        if not self.settings.search or runs >= NEAR_BAND_RUNS or judged <= 0:
+            return None
+        se = self._standard_error(e, runs, base_runs)
+        se = se * (1 - weight) ** 0.5 if se is not None else None
+        return se if se is not None and abs(judged - band) < se else None
 
     def _verdict_clause(self, e: m.Experiment, suggestion: Suggestion, surprise: bool, change: float, judged: float,
                         band: float, noise: float | None) -> str:  # fmt: skip
@@ -595,21 +573,9 @@ class Method:
         text += self._refused_clause(e)
         return Judgement(suggestion="baseline", concurrency=top, after_tok_s=mean, runs_tok_s=runs, text=text, **common)
 
-    def judge(self, e: m.Experiment) -> Judgement:
-        """`e` against its base, by the rules in the module docstring."""
-        eid = e.id or 0
-        band = self.band_pct(e.workload)
-        noise = self.noise_pct(e.workload)
-        noops = [i.flag for i in e.audit if i.status == "noop"]
-        failed = self.failed_levels(e)
-        common = {
-            "experiment_id": eid,
-            "base_experiment_id": e.base_experiment_id,
-            "band_pct": band,
-            "noise_pct": noise,
-            "noop_flags": noops,
-            "failed_levels": failed,
-        }
+    def _failure_judgement(self, e: m.Experiment, failed: list[int], common: dict) -> Judgement | None:
+        """The judgement of an experiment the engine refused, whose requests failed, or that never started; else
+        None."""
         if e.failure in REFUSED_FAILURES and self.run_count(e) == 0:
             return Judgement(suggestion="ruled_out", text=refused_text(e), **common)
         if failed:
@@ -629,6 +595,25 @@ class Method:
                 else "did not start"
             )
             return Judgement(suggestion="crashed", text=f"{what} ({e.failure or 'failed'}){detail}", **common)
+        return None
+
+    def judge(self, e: m.Experiment) -> Judgement:
+        """`e` against its base, by the rules in the module docstring."""
+        eid = e.id or 0
+        band = self.band_pct(e.workload)
+        noise = self.noise_pct(e.workload)
+        noops = [i.flag for i in e.audit if i.status == "noop"]
+        failed = self.failed_levels(e)
+        common = {
+            "experiment_id": eid,
+            "base_experiment_id": e.base_experiment_id,
+            "band_pct": band,
+            "noise_pct": noise,
+            "noop_flags": noops,
+            "failed_levels": failed,
+        }
+        if (failure := self._failure_judgement(e, failed, common)) is not None:
+            return failure
         changed, unmodelled = self.unmodelled_change(e)
         common["not_modelled"] = unmodelled
         if changed and len(unmodelled) == len(changed):
@@ -650,7 +635,7 @@ class Method:
         change = pairs.change_pct if pairs else (a - b) / b * 100 if b > 0 else (100.0 if a > 0 else 0.0)
         band, spread_note = own_band(pairs.ratios if pairs else runs, band)  # its own runs may disagree more
         common["band_pct"] = band
-        judged, combined = self.with_twin(e, change, len(runs), len(before_runs), band)
+        judged, combined, weight = self.with_twin(e, change, len(runs), len(before_runs), band)
         best = self.best(e.workload)
         moved = (  # another change was adopted since e was launched on its base (an executor ran them side by side)
             best is not None and e.base_experiment_id is not None and best.id not in (e.id, e.base_experiment_id)
@@ -665,6 +650,9 @@ class Method:
         suggestion = "rebase" if rebase else suggestion  # the base measured again after it (A/B/A) first
         unsure = self._unsure_loss(e, judged, band, len(runs), len(before_runs)) if surprise else None
         suggestion = "no_gain" if unsure is not None and suggestion == "regressed" else suggestion
+        near = (self._near_band(e, judged, band, len(runs), len(before_runs), weight)
+                if suggestion in ("adopted", "no_gain") and not rebase and pairs is None else None)  # fmt: skip
+        suggestion = "rerun" if near is not None else suggestion
         n = self.objective.number
         measured = f"{n(a)}" if len(runs) == 1 else f"{n(a)}, mean of {len(runs)} runs: {', '.join(n(v) for v in runs)}"
         text = (
@@ -680,6 +668,9 @@ class Method:
                f", past the {band:.1f}% noise band by less than its standard error ({unsure:.1f}%) against the "
                f"{e.predicted_change_pct or 0.0:+.1f}% predicted: no gain, not a regression" if
                unsure is not None and suggestion == "no_gain" else
+               f", {judged - band:+.1f} points from the {band:.1f}% noise band, within its standard error "
+               f"({near:.1f} points on {len(runs)} run{'s' if len(runs) != 1 else ''}): one more run before the verdict"
+               if near is not None else
                self._verdict_clause(e, suggestion, surprise, change, judged, band, noise))
         )  # fmt: skip
         text += self._after_words(e, suggestion, best, c, noops, unmodelled)
