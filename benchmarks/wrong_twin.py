@@ -11,6 +11,8 @@ every plan under benchmarks/search_plans/ (or --plans FILES) the truths are, as 
   ride in a bundle) makes every step 1/0.92 as long when it is set;
 - s3: the hardware unlike its profile: host overhead per step x2, GEMM efficiency -30% at small row counts
   (gemm_m_half / 0.7: eff ~ m / m_half for m well below it);
+- s4: a flag the twin calls neutral gains 8%: the item predicted inside +-3% alone that gains most, of those outside
+  the twin's best combination that the engine runs (no refused or no-op flag): the twin settles it unmeasured;
 - exact: no truth (the twin is right), the rows benchmarks/search_eval.py prints for the search.
 
 `--truth FILE...` runs those truth files instead. Each campaign runs as a user would run it (`pivot run PLAN
@@ -54,9 +56,10 @@ from agent.plans import load_plan  # noqa: E402
 
 TRUTHS = ROOT / "benchmarks" / "wrong_twin"
 TRUTH_GRID = ROOT / "benchmarks" / "wrong_twin_grid.json"
-SCENARIOS = ("exact", "s1", "s2", "s3")
+SCENARIOS = ("exact", "s1", "s2", "s3", "s4")
 NEUTRAL_PCT = 3.0  # an item predicted within this of no change alone is "neutral" to the twin (s2)
 COST_SCALE = 0.92  # s2: the neutral item costs 8%
+GAIN_SCALE = 1.08  # s4: the neutral item gains 8%
 HOST_SCALE = 2.0  # s3: host overhead per step
 SMALL_ROWS_EFFICIENCY = 0.7  # s3: GEMM efficiency at small row counts
 
@@ -85,6 +88,15 @@ def _alone(plan: m.Plan) -> dict[str, float]:
     return out
 
 
+def _runs(plan: m.Plan, it: m.PlanItem) -> bool:
+    """Whether the engine runs the item's flags on the base configuration: none refused, none a no-op."""
+    from tools.engines.catalog import audit, load_catalog
+
+    issues = audit(load_catalog("sglang", "0.5.23"), it.apply(plan.target.base_config()))
+    names = set(it.flags.names()) if it.flags is not None else set()
+    return not any(i.blocking or (i.flag in names and i.status == "noop") for i in issues)
+
+
 def grid_of(plan_path: Path) -> dict:
     """The plan's grid under the stock twin (benchmarks/search_grid.json, computed when it is not there)."""
     name = load_plan(str(plan_path)).name
@@ -93,7 +105,7 @@ def grid_of(plan_path: Path) -> dict:
 
 
 def truth_texts(plan_path: Path) -> dict[str, str]:
-    """The generated truths of one plan (s1, s2, s3) as the text of their files; a scenario the plan cannot have
+    """The generated truths of one plan (s1, s2, s3, s4) as the text of their files; a scenario the plan cannot have
     (no item fits it) is left out."""
     plan = load_plan(str(plan_path))
     alone = _alone(plan)
@@ -110,10 +122,10 @@ def truth_texts(plan_path: Path) -> dict[str, str]:
             ]
         )
     neutral = {i: v for i, v in alone.items() if abs(v) < NEUTRAL_PCT}
+    best = tuple(grid_of(plan_path)["best"].split("+")) if grid_of(plan_path)["best"] else ()
     if neutral:
         # the neutral item a search would most likely launch: one in the twin's best combination (the one it
         # needs least there), else the one predicted to gain most alone
-        best = tuple(grid_of(plan_path)["best"].split("+")) if grid_of(plan_path)["best"] else ()
         riders = [i for i in neutral if i in best]
         if riders:
             costly = max(riders, key=lambda i: (true_tok(plan, _config(plan, tuple(x for x in best if x != i))), i))
@@ -125,6 +137,15 @@ def truth_texts(plan_path: Path) -> dict[str, str]:
         )
         effect = _flag_lines(plan.item(costly), throughput_scale=COST_SCALE)
         out["s2"] = "\n".join([f'name = "s2-{costly}"', f"description = {json.dumps(words)}", "", *effect])
+    quiet = {i: v for i, v in neutral.items() if i not in best and _runs(plan, plan.item(i))}
+    if quiet:  # the neutral item a search would least likely launch, and the engine runs
+        helps = max(quiet, key=lambda i: (quiet[i], i))
+        words = (
+            f"{plan.item(helps).title}: the twin predicts {quiet[helps]:+.1f}% alone; on this target it gains "
+            f"{100 * (GAIN_SCALE - 1):.0f}%"
+        )
+        effect = _flag_lines(plan.item(helps), throughput_scale=GAIN_SCALE)
+        out["s4"] = "\n".join([f'name = "s4-{helps}"', f"description = {json.dumps(words)}", "", *effect])
     out["s3"] = "\n".join([
         'name = "s3-hardware"',
         f'description = "host overhead per step x{HOST_SCALE:g}, GEMM efficiency -{100 * (1 - SMALL_ROWS_EFFICIENCY):.0f}% '
@@ -235,7 +256,7 @@ def row(plan: str, scenario: str, noise: str, rs: list[dict], g: dict | None) ->
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--plans", nargs="*", help="Plan files (default: benchmarks/search_plans/*.toml).")
-    ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="Of exact, s1, s2, s3 (comma-separated).")
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="Of exact, s1, s2, s3, s4 (comma-separated).")
     ap.add_argument("--truth", nargs="*", help="Truth files to run instead of the generated scenarios.")
     ap.add_argument("--seeds", type=int, default=5, help="Seeds of the noisy campaigns.")
     ap.add_argument("--noise", type=float, default=0.015)

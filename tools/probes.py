@@ -9,12 +9,23 @@ step without it on the best configuration; taken back from the best, when the st
 launched when it would beat the noise band *if* that member is the one: the same measurements read with that
 member's prior left open (learn.SUSPECT_SD). The measurement of the probe then tells; the leave-one-out of a step
 ends at its first adopted probe, or after as many probes as it has members.
+
+The other way the twin can be wrong is about what it settles without a launch: an item it predicts inside the noise
+band is recorded `predicted` and never measured, and on a target where that item does pay (a flag the twin does not
+model, a kernel it has wrong) nothing would ever show it. Where the plan's author expects at least the band from such
+an item (its expected impact, for the session's objective) the twin and the plan disagree, and only a measurement
+tells: the items in doubt are launched together, once, when nothing else is left and every tier is open (an item
+may pay only with another tier's: those combinations come first) (`doubted`).
+Measured as the twin says, they are settled by one launch (and stay candidates for the combinations they may pay in,
+as items the twin predicted do: `checked`); measured beyond the band, the bundle is adopted like any change (a
+surprise: confirmed on three runs); measured below, its members are taken apart like any missed step.
 """
 
 from __future__ import annotations
 
 from agent import models as m
 from tools.method.reading import Method
+from tools.reports import parse_expectation
 
 
 def launched(method: Method, e: m.Experiment) -> bool:
@@ -84,3 +95,30 @@ def revert_launches(method: Method, item_id: str) -> int:
         for e in method.experiments
         if item_id in e.reverts and _launched(method, e) and not (e.plan_items and fell_short(method, e))
     )
+
+
+def doubted(method: Method, items: list[m.PlanItem], band: float) -> tuple[str, ...]:
+    """The items in doubt (the module docstring): settled `predicted` by the twin inside the band (`band`, in %),
+    never launched, and expected by the plan to gain at least the band for the session's objective; in plan order."""
+    out = []
+    for item in items:
+        final = method.final(item)
+        last = final[-1] if final else None
+        if last is None or last.verdict != "predicted" or launches(method, item.id) > 0:
+            continue
+        if last.predicted_change_pct is None or not -band < last.predicted_change_pct < band:
+            continue
+        exp = parse_expectation(item.expected_impact)
+        if exp is not None and exp.speaks_for(method.plan.objective.kind) and exp.gain_pct >= band:
+            out.append(item.id)
+    return tuple(i for i in method.plan.item_ids() if i in out)
+
+
+def checked(method: Method, e: m.Experiment) -> bool:
+    """Whether `e` checked items the twin had settled unmeasured: each of its items was recorded `predicted` before
+    it and first launched in it."""
+    for item_id in e.plan_items:
+        before = [x for x in method.experiments if item_id in x.plan_items and (x.id or 0) < (e.id or 0)]
+        if not any(x.verdict == "predicted" for x in before) or any(_launched(method, x) for x in before):
+            return False
+    return bool(e.plan_items) and not e.reverts

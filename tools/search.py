@@ -43,11 +43,12 @@ from agent import models as m
 from agent.contracts import Prediction, Predictor, load_engine
 from agent.errors import Interrupted, PivotError
 from tools import learn, reports
+from tools.audit import audit_steps, item_issues, noop_reason  # noqa: F401 (re-exported)
 from tools.method.answers import Decision
 from tools.method.moves import promising, revert_text
 from tools.method.reading import Method
 from tools.method.step import SEARCH_KINDS, Step, searchable  # noqa: F401 (the method's, re-exported)
-from tools.probes import launches, missed, own_launches, probes_spent, revert_launches, suspects
+from tools.probes import checked, doubted, launches, missed, own_launches, probes_spent, revert_launches, suspects
 
 MEMBER_MIN_PCT = 1.0  # each item of a combined step adds at least this much (predicted) given the others
 TRIPLE_SEEDS = 4  # the best pairs grow into triples
@@ -371,23 +372,6 @@ def launchable(c: Candidate, band: float) -> bool:
     return c.gain >= band or (c.probe is not None and c.probe >= band)
 
 
-def item_issues(method: Method, validate, item: m.PlanItem) -> list[m.FlagIssue]:
-    """The audit of the item's own flags on top of the best configuration."""
-    config = item.apply(method.best_config())
-    names = set(item.flags.names()) if item.flags is not None else set()
-    return [i for i in validate(config) if i.flag in names or i.blocking]
-
-
-def noop_reason(issues: list[m.FlagIssue], item: m.PlanItem) -> str | None:
-    """Why the item is not worth a launch when every flag it sets is a no-op in this engine version, else None."""
-    names = item.flags.names() if item.flags is not None else []
-    noops = [i for i in issues if i.status == "noop"]
-    if not names or item.remove_flags or {i.flag for i in noops} != set(names):
-        return None
-    what = "; ".join(f"{i.flag}: {i.message}" if i.message else i.flag for i in noops)
-    return f"no launch: the engine accepts {', '.join(names)} but reads {'it' if len(names) == 1 else 'them'} nowhere (no-op; {what})"
-
-
 def measured(method: Method, config: m.ServerConfig, workload: m.BenchSpec | None = None) -> m.Experiment | None:
     """An experiment that already ran `config` on `workload` (Method.ran)."""
     return method.ran(config, workload)
@@ -405,8 +389,8 @@ def pool(method: Method, d: Decision) -> tuple[list[m.PlanItem], list[m.PlanItem
             fresh.append(item)
             continue
         last = method.final(item)[-1]
-        if last.verdict == "predicted":  # never launched: it stays a candidate (alone or in a combination)
-            again.append(item)
+        if last.verdict == "predicted" or (last.verdict == "no_gain" and checked(method, last)):
+            again.append(item)  # never launched, or measured as the twin said: a candidate in combinations
             continue
         if last.verdict not in RETEST_VERDICTS or best is None:
             continue
@@ -544,20 +528,6 @@ def candidates(method: Method, d: Decision, surrogate: Surrogate | None = None) 
 # ---- the steps
 
 
-def audit_steps(method: Method, fresh: list[m.PlanItem], validate) -> list[Step]:
-    """Items the engine refuses, or accepts and reads nowhere, ruled out before any launch (every proposer's)."""
-    out: list[Step] = []
-    for item in fresh:
-        issues = item_issues(method, validate, item)
-        blocking = [i for i in issues if i.blocking]
-        if blocking:
-            why = "; ".join(f"{i.flag}: {i.message or i.status}" for i in blocking)
-            out.append(Step("ruled_out", (item.id,), f"refused before launch: {why}"))
-        elif (why := noop_reason(issues, item)) is not None:
-            out.append(Step("ruled_out", (item.id,), why))
-    return out
-
-
 def ranked_steps(method: Method, d: Decision, validate) -> list[Step]:
     """The search's steps in the opened tiers, in the order it would take them: items the engine refuses or ignores
     ruled out; candidates predicted beyond the noise band; items the twin says crash but the plan expects much of;
@@ -566,7 +536,7 @@ def ranked_steps(method: Method, d: Decision, validate) -> list[Step]:
     if not method.settings.search:
         return []
 
-    fresh, _ = pool(method, d)
+    fresh, again = pool(method, d)
     out = audit_steps(method, fresh, validate)
     settled = {s.items[0] for s in out}
     fresh = [it for it in fresh if it.id not in settled]
@@ -597,6 +567,13 @@ def ranked_steps(method: Method, d: Decision, validate) -> list[Step]:
         for c in ranked
         if c.estimate.source == "plan" and not method.done(method.plan.item(c.items[0]))
     ]
+    last_tier = {it.tier for it in method.plan.items} <= d.released  # the combinations across tiers were tried first
+    if not out and last_tier and (ids := doubted(method, again, band)):  # nothing left: the twin's settled, checked
+        est = sur.estimate(ids)
+        if est.source == "twin" and not est.crash and measured(method, est.config) is None:
+            why = (f"{' + '.join(ids)}: the twin settled {'each' if len(ids) > 1 else 'it'} unmeasured, inside the "
+                   f"{band:.1f}% band; the plan expects more: one launch checks the twin ({est.note})")  # fmt: skip
+            out.append(Step("launch", ids, why, Candidate(ids, est, "combined" if len(ids) > 1 else "single", {}, why)))
     return out
 
 

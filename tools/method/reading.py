@@ -18,8 +18,9 @@ read the ledger through this one module, so an LLM and the built-in policy are h
   measurement both put below the band is never adopted;
 - a change is adopted only when its (judged) gain beats the band on the mean of at least two runs (a gain beyond the
   band on one run is rerun to confirm it, unless the session's `search` setting is off: the old greedy path); a gain
-  inside the band is rerun (up to `reruns` times) and then called no gain; a loss beyond the band is a regression;
-  failed requests are a crash;
+  inside the band is rerun (up to `reruns` times) and then called no gain (with the search on, at once where the
+  twin predicted it inside the band too and the measurement is not near the band); a loss beyond the band is a
+  regression; failed requests are a crash;
 - a surprise is confirmed before its verdict: with the search on, a measured change that differs from the prediction
   made before its launch by more than the band (the twin is wrong about it, or the runs were unlucky) is rerun
   until it has SURPRISE_RUNS runs before it is adopted or called a regression, and a loss the twin did not
@@ -477,8 +478,11 @@ class Method:
             "the launch (more than the band): one more run before the verdict"
         )
 
-    def _suggest(self, change: float, band: float, runs: int, moved: bool, surprise: bool = False) -> Suggestion:
-        """The verdict a change of `change` % on `runs` runs suggests, by the rules in the module docstring."""
+    def _suggest(
+        self, change: float, band: float, runs: int, moved: bool, surprise: bool = False, agreed: bool = False
+    ) -> Suggestion:
+        """The verdict a change of `change` % on `runs` runs suggests, by the rules in the module docstring
+        (`agreed`: the twin predicted it inside the band and the measurement does not contradict that)."""
         if change >= band and change > 0 and moved:
             return "superseded"  # a change tested beside it gained more and became the best
         if surprise and runs < SURPRISE_RUNS and ((change >= band and change > 0) or change <= -band):
@@ -489,7 +493,7 @@ class Method:
             return "adopted"
         if change <= -band:
             return "regressed"
-        if change > 0 and runs < 1 + self.settings.reruns:
+        if change > 0 and runs < 1 + self.settings.reruns and not agreed:
             return "rerun"
         return "no_gain"
 
@@ -641,7 +645,9 @@ class Method:
             best is not None and e.base_experiment_id is not None and best.id not in (e.id, e.base_experiment_id)
         )
         surprise = self._surprise(e, change, band)
-        suggestion = self._suggest(judged, band, len(runs), moved, surprise)
+        agreed = (self.settings.search and not surprise and not e.not_modelled
+                  and e.predicted_change_pct is not None and e.predicted_change_pct < band)  # fmt: skip
+        suggestion = self._suggest(judged, band, len(runs), moved, surprise, agreed)
         host_note = self._host_clause(e, c)
         if host_note and suggestion in ("adopted", "regressed") and len(runs) < 2:
             suggestion = "rerun"  # one run on a host whose load moved: measured again before the verdict
