@@ -1,0 +1,48 @@
+"""The wrong-twin benchmark's truths (benchmarks/wrong_twin.py, [learn]): what each scenario makes wrong about the twin
+is what it says, on every shipped search plan, and the files written under benchmarks/wrong_twin/ are today's."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.plans import load_plan
+from tools.engines.sim.truth import load_truth
+
+ROOT = Path(__file__).resolve().parent.parent
+PLANS = sorted((ROOT / "benchmarks" / "search_plans").glob("*.toml"))
+
+
+@pytest.fixture(scope="module")
+def wrong_twin():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import wrong_twin
+
+    return wrong_twin
+
+
+@pytest.mark.parametrize("plan_path", PLANS, ids=[p.stem for p in PLANS])
+def test_each_scenario_is_the_wrong_it_names(wrong_twin, plan_path: Path, tmp_path: Path) -> None:
+    plan = load_plan(str(plan_path))
+    texts = wrong_twin.truth_texts(plan_path)
+    alone = wrong_twin._alone(plan)
+    best = set(wrong_twin.grid_of(plan_path)["best"].split("+"))
+    assert {"s1", "s3"} <= set(texts)
+    for name, text in texts.items():
+        f = tmp_path / f"{name}.toml"
+        f.write_text(text)
+        truth = load_truth(str(f))  # a truth file the sim engine takes (-o truth=FILE)
+        written = ROOT / "benchmarks" / "wrong_twin" / plan.name / f"{name}.toml"
+        assert written.read_text() == text, f"{written} is stale: run benchmarks/wrong_twin.py"
+        item = truth.name.split("-", 1)[1]
+        if name == "s1":  # the item the twin predicts gains most alone does nothing
+            assert alone[item] == max(alone.values()) and all(f.no_effect for f in truth.flags)
+        if name in ("s2", "s4"):  # an item the twin calls neutral costs / gains 8%
+            assert abs(alone[item]) < wrong_twin.NEUTRAL_PCT
+            (effect,) = truth.flags
+            scale = wrong_twin.COST_SCALE if name == "s2" else wrong_twin.GAIN_SCALE
+            assert effect.throughput_scale == pytest.approx(scale)
+        if name == "s4":  # one the search would not launch for the twin's sake, and the engine runs
+            assert item not in best and wrong_twin._runs(plan, plan.item(item))
