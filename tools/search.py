@@ -18,7 +18,10 @@ no effect where the twin said +16% carries that into every later combination tha
   item it combines;
 - reverts: an adopted item taken back, when the best configuration rebuilt from its chain of adopted changes
   without it is predicted beyond the noise band (at most REVERTS launches per item);
-- leave-one-out probes of a combined step that fell short of its prediction (tools/probes.py).
+- leave-one-out probes of a combined step that fell short of its prediction (tools/probes.py);
+- the check of what the twin settled unmeasured: when nothing else is left and every tier is open, the items it
+  recorded `predicted` inside the band that the plan expects at least the band from, launched together once
+  (tools/probes.py: doubted).
 
 They are ranked by predicted gain; an item whose flags the twin does not model is ranked by the plan's expected
 impact instead (and says so). A candidate is launched only when its predicted gain beats the noise band (a probe:
@@ -531,8 +534,9 @@ def candidates(method: Method, d: Decision, surrogate: Surrogate | None = None) 
 def ranked_steps(method: Method, d: Decision, validate) -> list[Step]:
     """The search's steps in the opened tiers, in the order it would take them: items the engine refuses or ignores
     ruled out; candidates predicted beyond the noise band; items the twin says crash but the plan expects much of;
-    items predicted inside the band (recorded as predicted); items ranked by the plan's expected impact. `validate` is
-    the engine's audit. Empty with the search off."""
+    items predicted inside the band (recorded as predicted); items ranked by the plan's expected impact; with nothing
+    else left, the check of the twin's unmeasured claims. `validate` is the engine's audit. Empty with the search
+    off."""
     if not method.settings.search:
         return []
 
