@@ -10,6 +10,7 @@ import pytest
 from agent import models as m
 from agent.plans import load_plan
 from agent.session import Session
+from tools import search
 from tools.engines.sim.engine import SimEngine
 from tools.fit import fit_target, scaled
 from tools.method import Method
@@ -27,10 +28,12 @@ def _campaign(store, paths, tmp_path, truth: str, items: list[str]) -> tuple[Ses
     base = None
     for item in [None, *items]:
         config = plan.target.base_config() if item is None else plan.item(item).apply(plan.target.base_config())
+        method = Method.read(store, s.id)
+        fields = search.record_fields(method, [item], config=config) if item else search.record_fields(method, [], True)
         e = store.add_experiment(
             s.id,
             m.Experiment(plan_items=[item] if item else [], kind="change" if item else "baseline", config=config,
-                         base_experiment_id=base.id if base else None, workload=plan.workload),
+                         base_experiment_id=base.id if base else None, workload=plan.workload, **fields),
         )  # fmt: skip
         dep = engine.launch(config, tmp_path / f"{e.id}.log")
         store.add_bench_result(e.id or 0, dep.benchmark(plan.workload))
@@ -85,7 +88,6 @@ def test_with_fit_twin_the_search_ranks_by_the_fitted_twin(store, paths, tmp_pat
     """`--fit-twin`: after the baseline and three experiments on hardware unlike its profile, the search's predictor is
     the twin on the fitted profile, and it predicts an unmeasured configuration far closer to what the engine
     measures than the stock twin does; without the setting the stock twin stays."""
-    from tools import search
     from tools.engines.sim.predictor import TwinPredictor
 
     truth = tmp_path / "truth.toml"
@@ -108,3 +110,24 @@ def test_with_fit_twin_the_search_ranks_by_the_fitted_twin(store, paths, tmp_pat
     errors = [abs(p.predict(config, plan.workload, level).level.output_throughput / measured - 1) for p in (stock,
               fitted)]  # fmt: skip
     assert errors[1] < 0.05 and errors[1] < errors[0] / 2, errors
+
+
+def test_with_fit_twin_the_summary_and_show_json_state_the_fit(store, paths, tmp_path):
+    """A session that ranks by the fitted twin states the fitted parameters, their intervals and the residuals in
+    the summary's lessons and in `pivot show --json` without `--fit`; without the setting only with it."""
+    from agent.cli.sessions import _lessons_json
+    from tools.lessons import learnt_lines
+
+    truth = tmp_path / "truth.toml"
+    truth.write_text('[hardware.scale]\n"calibration.host_ms_per_step" = 2.0\n')
+    s, _ = _campaign(store, paths, tmp_path, str(truth), ["02", "04", "06"])
+    lines = learnt_lines(s)
+    assert lines is not None and not any("fitted to this target" in x for x in lines)
+    assert (_lessons_json(store, store.get_session(s.id), fit=False) or {}).get("fit") is None
+    store.set_session_settings(s.id, Method.read(store, s.id).settings.model_copy(update={"fit_twin": True}))
+    lines = learnt_lines(s) or []
+    assert any("The twin fitted to this target" in x for x in lines), lines
+    assert any("host overhead per step: x" in x for x in lines), lines
+    fit = (_lessons_json(store, store.get_session(s.id), fit=False) or {}).get("fit")
+    assert fit is not None and {p["name"] for p in fit["parameters"]} >= {"host", "compute"}
+    assert fit["rms_after_pct"] and fit["rms_before_pct"]

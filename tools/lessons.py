@@ -151,15 +151,15 @@ def fitted(method: Method) -> Fit | None:
 
 def learnt_lines(session, fit: bool = False) -> list[str] | None:
     """What the campaign concluded about the twin, in lines for a status summary (write_status_summary's
-    `learnt`), with the target's fitted parameters when `fit` (tools/fit.py: seconds of simulation); None without a
-    twin, before any measurement, or when it cannot be worked out: the summary is then written without it (it never
-    fails on what it adds; the rest of it rests on the ledger alone)."""
+    `learnt`), with the target's fitted parameters when `fit` or the session ranks by the fitted twin (`--fit-twin`;
+    tools/fit.py: seconds of simulation); None without a twin, before any measurement, or when it cannot be worked
+    out: the summary is then written without it (it never fails on what it adds; the rest rests on the ledger)."""
     from agent.errors import Interrupted
 
     try:
         method = Method.read(session.store, session.id)
         found = lessons(method)
-        target = fitted(method) if fit and found is not None else None
+        target = fitted(method) if (fit or method.settings.fit_twin) and found is not None else None
     except Interrupted:
         raise
     except Exception:

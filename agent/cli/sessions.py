@@ -171,14 +171,14 @@ def _show_json(
 
 def _lessons_json(store: Store, session: m.Session, fit: bool) -> dict[str, Any] | None:
     """What the campaign concluded about the twin (tools/lessons.py), with its fitted target parameters when `fit`
-    (tools/fit.py); None without a twin or a measurement."""
+    or the session ranks by the fitted twin (`--fit-twin`; tools/fit.py); None without a twin or a measurement."""
     from tools.lessons import fitted, lessons
     from tools.method.reading import Method
 
     try:
         method = Method.read(store, session.id)
         found = lessons(method)
-        target = fitted(method) if fit and found is not None else None
+        target = fitted(method) if (fit or method.settings.fit_twin) and found is not None else None
     except PivotError as e:
         return {"error": e.message}
     if found is None:
