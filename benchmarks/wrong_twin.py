@@ -75,6 +75,15 @@ def _flag_lines(it: m.PlanItem, **effect: object) -> list[str]:
     return out
 
 
+def _scaled_truth(scenario: str, it: m.PlanItem, predicted_pct: float, scale: float) -> str:
+    """The truth file's text of an item the twin predicts `predicted_pct` alone that makes every step 1/scale as
+    long on the target (s2: costs, s4: gains)."""
+    effect = f"costs {100 * (1 - scale):.0f}%" if scale < 1 else f"gains {100 * (scale - 1):.0f}%"
+    words = f"{it.title}: the twin predicts {predicted_pct:+.1f}% alone; on this target it {effect}"
+    lines = _flag_lines(it, throughput_scale=scale)
+    return "\n".join([f'name = "{scenario}-{it.id}"', f"description = {json.dumps(words)}", "", *lines])
+
+
 def _alone(plan: m.Plan) -> dict[str, float]:
     """Each flag item's predicted change alone on the base configuration (the stock twin, noise-free), in %."""
     base = true_tok(plan, plan.target.base_config())
@@ -131,21 +140,11 @@ def truth_texts(plan_path: Path) -> dict[str, str]:
             costly = max(riders, key=lambda i: (true_tok(plan, _config(plan, tuple(x for x in best if x != i))), i))
         else:
             costly = max(neutral, key=lambda i: (neutral[i], i))
-        words = (
-            f"{plan.item(costly).title}: the twin predicts {neutral[costly]:+.1f}% alone; on this target it costs "
-            f"{100 * (1 - COST_SCALE):.0f}%"
-        )
-        effect = _flag_lines(plan.item(costly), throughput_scale=COST_SCALE)
-        out["s2"] = "\n".join([f'name = "s2-{costly}"', f"description = {json.dumps(words)}", "", *effect])
+        out["s2"] = _scaled_truth("s2", plan.item(costly), neutral[costly], COST_SCALE)
     quiet = {i: v for i, v in neutral.items() if i not in best and _runs(plan, plan.item(i))}
     if quiet:  # the neutral item a search would least likely launch, and the engine runs
         helps = max(quiet, key=lambda i: (quiet[i], i))
-        words = (
-            f"{plan.item(helps).title}: the twin predicts {quiet[helps]:+.1f}% alone; on this target it gains "
-            f"{100 * (GAIN_SCALE - 1):.0f}%"
-        )
-        effect = _flag_lines(plan.item(helps), throughput_scale=GAIN_SCALE)
-        out["s4"] = "\n".join([f'name = "s4-{helps}"', f"description = {json.dumps(words)}", "", *effect])
+        out["s4"] = _scaled_truth("s4", plan.item(helps), quiet[helps], GAIN_SCALE)
     out["s3"] = "\n".join([
         'name = "s3-hardware"',
         f'description = "host overhead per step x{HOST_SCALE:g}, GEMM efficiency -{100 * (1 - SMALL_ROWS_EFFICIENCY):.0f}% '
