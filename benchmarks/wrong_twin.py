@@ -22,6 +22,7 @@ measured noise-free with the truth; cached in benchmarks/wrong_twin_grid.json):
 
     .venv/bin/python benchmarks/wrong_twin.py --jobs 2             # the table (about 10 minutes on 2 shared cores)
     .venv/bin/python benchmarks/wrong_twin.py --seeds 3 --scenarios s1,s2
+    .venv/bin/python benchmarks/wrong_twin.py --seeds 3 --scenarios s4,exact --no-expectations  # no plan numbers
 
 The acceptance ([learn]): a ratio of at least 0.99 of the truth grid's best on every case, launches within 10% of
 the grid's size (15% under 100 points), 0 false adoptions, 0 false regressions, 0 aborts; the `ok` column says
@@ -40,8 +41,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import statistics
 import sys
+import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -252,6 +255,16 @@ def row(plan: str, scenario: str, noise: str, rs: list[dict], g: dict | None) ->
     )
 
 
+def without_expectations(paths: list[Path]) -> list[Path]:
+    """Copies of the plans (in a new temporary folder) whose items' expected impacts say no number: the search then
+    has only the twin's word for what an item does, and the check of the twin no second opinion (`doubted`)."""
+    out = Path(tempfile.mkdtemp(prefix="pivot-no-expectations-"))
+    for path in paths:
+        text = re.sub(r'^expected_impact = ".*"$', 'expected_impact = "Should help."', path.read_text(), flags=re.M)
+        (out / path.name).write_text(text)
+    return [out / path.name for path in paths]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--plans", nargs="*", help="Plan files (default: benchmarks/search_plans/*.toml).")
@@ -263,8 +276,11 @@ def main() -> None:
     ap.add_argument("--json", dest="as_json", help="Also write every campaign's scores to this file.")
     ap.add_argument("--steps", action="store_true", help="Print every campaign's experiments (stderr).")
     ap.add_argument("--min-gain", type=float, help="The campaigns' least gain adopted, %% (default: the setting's, 3).")
+    ap.add_argument("--no-expectations", action="store_true", help="Run the plans with no number in any item's "
+                    "expected impact (the twin's word alone).")  # fmt: skip
     opts = ap.parse_args()
     paths = [Path(p) for p in opts.plans] if opts.plans else sorted(PLANS.glob("*.toml"))
+    paths = without_expectations(paths) if opts.no_expectations else paths
     if opts.truth:
         cases = [(p, Path(t).stem, str(Path(t).absolute())) for p in paths for t in opts.truth]
     else:

@@ -46,3 +46,17 @@ def test_each_scenario_is_the_wrong_it_names(wrong_twin, plan_path: Path, tmp_pa
             assert effect.throughput_scale == pytest.approx(scale)
         if name == "s4":  # one the search would not launch for the twin's sake, and the engine runs
             assert item not in best and wrong_twin._runs(plan, plan.item(item))
+
+
+def test_plans_without_expectations_keep_everything_but_the_numbers(wrong_twin) -> None:
+    """--no-expectations: the same plans, each item's expected impact without a number (the twin's word alone)."""
+    from tools.reports import parse_expectation
+
+    for original, copy in zip(PLANS, wrong_twin.without_expectations(PLANS), strict=True):
+        plan, stripped = load_plan(str(original)), load_plan(str(copy))
+        assert [it.id for it in stripped.items] == [it.id for it in plan.items]
+        assert stripped.model_dump(exclude={"items", "source"}) == plan.model_dump(exclude={"items", "source"})
+        assert any(parse_expectation(it.expected_impact) for it in plan.items)
+        for it, bare in zip(plan.items, stripped.items, strict=True):
+            assert parse_expectation(bare.expected_impact) is None, bare.expected_impact
+            assert bare.model_copy(update={"expected_impact": it.expected_impact}) == it

@@ -12,10 +12,11 @@ ends at its first adopted probe, or after as many probes as it has members.
 
 The other way the twin can be wrong is about what it settles without a launch: an item it predicts inside the noise
 band is recorded `predicted` and never measured, and on a target where that item does pay (a flag the twin does not
-model, a kernel it has wrong) nothing would ever show it. Where the plan's author expects at least the band from such
-an item (its expected impact, for the session's objective) the twin and the plan disagree, and only a measurement
-tells: the items in doubt are launched together, once, when nothing else is left and every tier is open (an item
-may pay only with another tier's: those combinations come first) (`doubted`).
+model, a kernel it has wrong) nothing would ever show it. Only where the plan's author agrees (an expected impact
+with a number for the session's objective, under the band) is the twin's word taken; where the author expects at
+least the band, or says nothing the twin can be held to (no number, or only a latency), a measurement tells: the
+items in doubt are launched together, once, when nothing else is left and every tier is open (an item may pay only
+with another tier's: those combinations come first) (`doubted`).
 Measured as the twin says, they are settled by one launch (and stay candidates for the combinations they may pay in,
 as items the twin predicted do: `checked`); measured beyond the band, the bundle is adopted like any change (a
 surprise: confirmed on three runs); measured below, its members are taken apart like any missed step.
@@ -99,7 +100,7 @@ def revert_launches(method: Method, item_id: str) -> int:
 
 def doubted(method: Method, items: list[m.PlanItem], band: float) -> tuple[str, ...]:
     """The items in doubt (the module docstring): settled `predicted` by the twin inside the band (`band`, in %),
-    never launched, and expected by the plan to gain at least the band for the session's objective; in plan order."""
+    never launched, and not agreed on by the plan (`_plan_agrees`); in plan order."""
     out = []
     for item in items:
         final = method.final(item)
@@ -108,10 +109,31 @@ def doubted(method: Method, items: list[m.PlanItem], band: float) -> tuple[str, 
             continue
         if last.predicted_change_pct is None or not -band < last.predicted_change_pct < band:
             continue
-        exp = parse_expectation(item.expected_impact)
-        if exp is not None and exp.speaks_for(method.plan.objective.kind) and exp.gain_pct >= band:
+        if not _plan_agrees(item, method.plan.objective.kind, band):
             out.append(item.id)
     return tuple(i for i in method.plan.item_ids() if i in out)
+
+
+def disagreement(method: Method, ids: tuple[str, ...]) -> str:
+    """What the plan says of the items in doubt `ids`, for a launch's reason: "the plan expects more", or, where an
+    item has no number for the session's objective, which items the plan leaves open."""
+    objective = method.plan.objective.kind
+    open_ = [
+        i for i in ids
+        if (exp := parse_expectation(method.plan.item(i).expected_impact)) is None or not exp.speaks_for(objective)
+    ]  # fmt: skip
+    if not open_:
+        return "the plan expects more"
+    said = f"the plan gives {'them' if len(open_) > 1 else 'it'} no number for {objective}"
+    more = ", ".join(i for i in ids if i not in open_)
+    return said if not more else f"the plan expects more of {more} and gives {', '.join(open_)} no number"
+
+
+def _plan_agrees(item: m.PlanItem, objective: str, band: float) -> bool:
+    """Whether the plan's author expects `item` to stay inside the band (`band`, in %) for `objective`: a number that
+    speaks for it, with its midpoint under the band. No number, or one only for a latency, is no second opinion."""
+    exp = parse_expectation(item.expected_impact)
+    return exp is not None and exp.speaks_for(objective) and exp.gain_pct < band
 
 
 def checked(method: Method, e: m.Experiment) -> bool:

@@ -45,7 +45,7 @@ from typing import Literal
 from agent import models as m
 from agent.contracts import Prediction, Predictor, load_engine
 from agent.errors import Interrupted, PivotError
-from tools import learn, reports
+from tools import learn, probes, reports
 from tools.audit import audit_steps, item_issues, noop_reason  # noqa: F401 (re-exported)
 from tools.method.answers import Decision
 from tools.method.moves import promising, revert_text
@@ -572,12 +572,24 @@ def ranked_steps(method: Method, d: Decision, validate) -> list[Step]:
         if c.estimate.source == "plan" and not method.done(method.plan.item(c.items[0]))
     ]
     last_tier = {it.tier for it in method.plan.items} <= d.released  # the combinations across tiers were tried first
-    if not out and last_tier and (ids := doubted(method, again, band)):  # nothing left: the twin's settled, checked
+    if not out and last_tier and (ids := _check(sur, doubted(method, again, band), band)):  # nothing left: checked
         est = sur.estimate(ids)
-        if est.source == "twin" and not est.crash and measured(method, est.config) is None:
+        if measured(method, est.config) is None:
             why = (f"{' + '.join(ids)}: the twin settled {'each' if len(ids) > 1 else 'it'} unmeasured, inside the "
-                   f"{band:.1f}% band; the plan expects more: one launch checks the twin ({est.note})")  # fmt: skip
+                   f"{band:.1f}% band; {probes.disagreement(method, ids)}: one launch checks the twin ({est.note})")  # fmt: skip
             out.append(Step("launch", ids, why, Candidate(ids, est, "combined" if len(ids) > 1 else "single", {}, why)))
+    return out
+
+
+def _check(sur: Surrogate, ids: tuple[str, ...], band: float) -> tuple[str, ...]:
+    """The items in doubt (`ids`) that one launch checks the twin on, together: in plan order, each that keeps the
+    twin's prediction of the bundle on the best configuration above a loss of the band (`band`, in %). An item the
+    twin now predicts to cost (settled in another context, or spoiling the others) waits: a later check, or none."""
+    out: tuple[str, ...] = ()
+    for item_id in ids:
+        est = sur.estimate((*out, item_id))
+        if est.source == "twin" and not est.crash and est.change_pct is not None and est.change_pct > -band:
+            out = (*out, item_id)
     return out
 
 
