@@ -259,3 +259,20 @@ def test_a_change_the_twin_and_one_run_both_put_inside_the_band_is_no_gain_witho
         e = measure(store, s, e, value)
         j = Method.read(store, s.id).judge(e)
         assert j.suggestion == first, (searched, value, j.text)
+
+
+def test_the_check_of_the_twin_leaves_out_an_item_the_twin_now_predicts_to_cost() -> None:
+    """The bundle that checks the twin (search._check) takes the items in doubt in plan order, each that keeps the
+    twin's prediction of the bundle above a loss of the band: one that spoils it (settled neutral before a later
+    change), one the twin predicts would crash, and one the twin cannot predict wait."""
+    config = m.ServerConfig()
+    pcts = {("a",): 0.5, ("a", "b"): -5.0, ("a", "c"): 1.0, ("a", "c", "d"): 0.0, ("a", "c", "e"): 2.0}
+
+    class Sur:
+        def estimate(self, items: tuple[str, ...]) -> search.Estimate:
+            if items[-1] == "d":
+                return search.Estimate(items, config, "twin", 0.0, crash=True)
+            return search.Estimate(items, config, "plan" if items[-1] == "f" else "twin", pcts.get(items))
+
+    assert search._check(Sur(), ("a", "b", "c", "d", "e", "f"), 3.0) == ("a", "c", "e")
+    assert search._check(Sur(), ("b",), 3.0) == ()  # no prediction for b alone: it waits
