@@ -13,6 +13,10 @@ every plan under benchmarks/search_plans/ (or --plans FILES) the truths are, as 
   (gemm_m_half / 0.7: eff ~ m / m_half for m well below it);
 - s4: a flag the twin calls neutral gains 8%: the item predicted inside +-3% alone that gains most, of those outside
   the twin's best combination that the engine runs (no refused or no-op flag): the twin settles it unmeasured;
+- s5: a flag that costs where the twin says it gains: s1's item costs 10% on the target;
+- s6: two wrongs at once: s1's item has no effect and s2's costs 8%;
+- s7: the hardware unlike its profile elsewhere: host overhead per step x0.5, KV and attention reads at 0.8 of their
+  bandwidth efficiency, all-reduce efficiency x0.6, prefill work per token x2;
 - exact: no truth (the twin is right), the rows benchmarks/search_eval.py prints for the search.
 
 `--truth FILE...` runs those truth files instead. Each campaign runs as a user would run it (`pivot run PLAN
@@ -20,7 +24,7 @@ every plan under benchmarks/search_plans/ (or --plans FILES) the truths are, as 
 --seeds seeds, and is scored against the exhaustive grid *of the truth* (every combination of the plan's items,
 measured noise-free with the truth; cached in benchmarks/wrong_twin_grid.json):
 
-    .venv/bin/python benchmarks/wrong_twin.py --jobs 2             # the table (about 10 minutes on 2 shared cores)
+    .venv/bin/python benchmarks/wrong_twin.py --jobs 2             # the table (about 17 minutes on 2 shared cores)
     .venv/bin/python benchmarks/wrong_twin.py --seeds 3 --scenarios s1,s2
     .venv/bin/python benchmarks/wrong_twin.py --seeds 3 --scenarios s4,exact --no-expectations  # no plan numbers
 
@@ -59,12 +63,19 @@ from agent.plans import load_plan  # noqa: E402
 
 TRUTHS = ROOT / "benchmarks" / "wrong_twin"
 TRUTH_GRID = ROOT / "benchmarks" / "wrong_twin_grid.json"
-SCENARIOS = ("exact", "s1", "s2", "s3", "s4")
+SCENARIOS = ("exact", "s1", "s2", "s3", "s4", "s5", "s6", "s7")
 NEUTRAL_PCT = 3.0  # an item predicted within this of no change alone is "neutral" to the twin (s2)
 COST_SCALE = 0.92  # s2: the neutral item costs 8%
 GAIN_SCALE = 1.08  # s4: the neutral item gains 8%
 HOST_SCALE = 2.0  # s3: host overhead per step
 SMALL_ROWS_EFFICIENCY = 0.7  # s3: GEMM efficiency at small row counts
+HARM_SCALE = 0.90  # s5: the twin's best item alone costs 10%
+S7_SCALES = {  # s7: the profile's figures multiplied
+    "calibration.host_ms_per_step": 0.5,
+    "calibration.bandwidth_efficiency": 0.8,
+    "calibration.allreduce_efficiency": 0.6,
+    "calibration.prefill_us_per_token": 2.0,
+}
 
 
 def _flag_lines(it: m.PlanItem, **effect: object) -> list[str]:
@@ -117,8 +128,8 @@ def grid_of(plan_path: Path) -> dict:
 
 
 def truth_texts(plan_path: Path) -> dict[str, str]:
-    """The generated truths of one plan (s1, s2, s3, s4) as the text of their files; a scenario the plan cannot have
-    (no item fits it) is left out."""
+    """The generated truths of one plan (s1 to s7) as the text of their files; a scenario the plan cannot have (no
+    item fits it) is left out."""
     plan = load_plan(str(plan_path))
     alone = _alone(plan)
     out: dict[str, str] = {}
@@ -144,6 +155,15 @@ def truth_texts(plan_path: Path) -> dict[str, str]:
         else:
             costly = max(neutral, key=lambda i: (neutral[i], i))
         out["s2"] = _scaled_truth("s2", plan.item(costly), neutral[costly], COST_SCALE)
+    if alone:
+        out["s5"] = _scaled_truth("s5", plan.item(dead), alone[dead], HARM_SCALE)
+    if alone and neutral and costly != dead:
+        words = f"{plan.item(dead).title} has no effect and {plan.item(costly).title} costs 8% (s1 and s2 at once)"
+        lines = [
+            *_flag_lines(plan.item(dead), no_effect=True),
+            *_flag_lines(plan.item(costly), throughput_scale=COST_SCALE),
+        ]
+        out["s6"] = "\n".join([f'name = "s6-{dead}-{costly}"', f"description = {json.dumps(words)}", "", *lines])
     quiet = {i: v for i, v in neutral.items() if i not in best and _runs(plan, plan.item(i))}
     if quiet:  # the neutral item a search would least likely launch, and the engine runs
         helps = max(quiet, key=lambda i: (quiet[i], i))
@@ -155,6 +175,11 @@ def truth_texts(plan_path: Path) -> dict[str, str]:
         "", "[hardware.scale]", f'"calibration.host_ms_per_step" = {HOST_SCALE}',
         f'"calibration.gemm_m_half" = {1 / SMALL_ROWS_EFFICIENCY:.6f}', "",
     ])  # fmt: skip
+    words = ", ".join(f"{k.split('.')[-1]} x{v:g}" for k, v in S7_SCALES.items())
+    scales = [f'"{k}" = {v}' for k, v in S7_SCALES.items()]
+    out["s7"] = "\n".join(
+        ['name = "s7-hardware"', f"description = {json.dumps(words)}", "", "[hardware.scale]", *scales, ""]
+    )
     return out
 
 

@@ -29,14 +29,29 @@ def test_each_scenario_is_the_wrong_it_names(wrong_twin, plan_path: Path, tmp_pa
     texts = wrong_twin.truth_texts(plan_path)
     alone = wrong_twin._alone(plan)
     best = set(wrong_twin.grid_of(plan_path)["best"].split("+"))
-    assert {"s1", "s3"} <= set(texts)
+    assert {"s1", "s3", "s5", "s7"} <= set(texts)
     for name, text in texts.items():
         f = tmp_path / f"{name}.toml"
         f.write_text(text)
         truth = load_truth(str(f))  # a truth file the sim engine takes (-o truth=FILE)
         written = ROOT / "benchmarks" / "wrong_twin" / plan.name / f"{name}.toml"
         assert written.read_text() == text, f"{written} is stale: run benchmarks/wrong_twin.py"
-        item = truth.name.split("-", 1)[1]
+        item = truth.name.split("-")[1]
+        if name in ("s3", "s7"):  # the hardware: no flag is wrong
+            assert not truth.flags and truth.hardware.scale
+        if name == "s7":
+            assert truth.hardware.scale == wrong_twin.S7_SCALES
+        if name == "s5":  # the item the twin predicts gains most alone costs 10%
+            (effect,) = truth.flags
+            assert alone[item] == max(alone.values()) and effect.throughput_scale == pytest.approx(
+                wrong_twin.HARM_SCALE
+            )
+        if name == "s6":  # s1's item has no effect and s2's costs 8%, together
+            dead, costly = truth.name.split("-")[1:]
+            assert dead == load_truth(str(written.with_name("s1.toml"))).name.split("-")[1]
+            assert costly == load_truth(str(written.with_name("s2.toml"))).name.split("-")[1]
+            assert any(f.no_effect for f in truth.flags)
+            assert [f.throughput_scale for f in truth.flags if not f.no_effect] == [wrong_twin.COST_SCALE]
         if name == "s1":  # the item the twin predicts gains most alone does nothing
             assert alone[item] == max(alone.values()) and all(f.no_effect for f in truth.flags)
         if name in ("s2", "s4"):  # an item the twin calls neutral costs / gains 8%
