@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from agent import models as m
 from tools.method.reading import Method
-from tools.reports import parse_expectation
+from tools.reports import Expectation, parse_expectation
 
 
 def launched(method: Method, e: m.Experiment) -> bool:
@@ -118,10 +118,7 @@ def disagreement(method: Method, ids: tuple[str, ...]) -> str:
     """What the plan says of the items in doubt `ids`, for a launch's reason: "the plan expects more", or, where an
     item has no number for the session's objective, which items the plan leaves open."""
     objective = method.plan.objective.kind
-    open_ = [
-        i for i in ids
-        if (exp := parse_expectation(method.plan.item(i).expected_impact)) is None or not exp.speaks_for(objective)
-    ]  # fmt: skip
+    open_ = [i for i in ids if _number(method.plan.item(i), objective) is None]
     if not open_:
         return "the plan expects more"
     said = f"the plan gives {'them' if len(open_) > 1 else 'it'} no number for {objective}"
@@ -132,8 +129,14 @@ def disagreement(method: Method, ids: tuple[str, ...]) -> str:
 def _plan_agrees(item: m.PlanItem, objective: str, band: float) -> bool:
     """Whether the plan's author expects `item` to stay inside the band (`band`, in %) for `objective`: a number that
     speaks for it, with its midpoint under the band. No number, or one only for a latency, is no second opinion."""
+    exp = _number(item, objective)
+    return exp is not None and exp.gain_pct < band
+
+
+def _number(item: m.PlanItem, objective: str) -> Expectation | None:
+    """The plan's expected impact of `item` where it has a number for `objective` (a latency's never does)."""
     exp = parse_expectation(item.expected_impact)
-    return exp is not None and exp.speaks_for(objective) and exp.gain_pct < band
+    return exp if exp is not None and exp.speaks_for(objective) else None
 
 
 def checked(method: Method, e: m.Experiment) -> bool:
