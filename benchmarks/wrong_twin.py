@@ -63,6 +63,7 @@ from agent.plans import load_plan  # noqa: E402
 
 TRUTHS = ROOT / "benchmarks" / "wrong_twin"
 TRUTH_GRID = ROOT / "benchmarks" / "wrong_twin_grid.json"
+ORIGINALS: dict[Path, Path] = {}  # a plan copy without expected impacts -> its plan (same items, same grid)
 SCENARIOS = ("exact", "s1", "s2", "s3", "s4", "s5", "s6", "s7")
 NEUTRAL_PCT = 3.0  # an item predicted within this of no change alone is "neutral" to the twin (s2)
 COST_SCALE = 0.92  # s2: the neutral item costs 8%
@@ -122,6 +123,7 @@ def _runs(plan: m.Plan, it: m.PlanItem) -> bool:
 
 def grid_of(plan_path: Path) -> dict:
     """The plan's grid under the stock twin (benchmarks/search_grid.json, computed when it is not there)."""
+    plan_path = ORIGINALS.get(plan_path, plan_path)
     name = load_plan(str(plan_path)).name
     stock = json.loads(GRID.read_text()) if GRID.exists() else {}
     return stock[name] if fresh(stock.get(name), plan_path) else grid(plan_path)
@@ -219,8 +221,8 @@ def grids(cases: list[tuple[Path, str, str | None]], jobs: int) -> dict[str, dic
     cached = json.loads(TRUTH_GRID.read_text()) if TRUTH_GRID.exists() else {}
     out: dict[str, dict] = {}
     missing = []
-    for p, _, truth in cases:
-        key = _grid_key(p, truth)
+    for copy, _, truth in cases:
+        key, p = _grid_key(copy, truth), ORIGINALS.get(copy, copy)  # a copy's grid is its plan's: cached once
         name = load_plan(str(p)).name
         if truth is None and fresh(stock.get(name), p):
             out[key] = stock[name]
@@ -287,6 +289,7 @@ def without_expectations(paths: list[Path]) -> list[Path]:
     for path in paths:
         text = re.sub(r'^expected_impact = ".*"$', 'expected_impact = "Should help."', path.read_text(), flags=re.M)
         (out / path.name).write_text(text)
+        ORIGINALS[out / path.name] = path
     return [out / path.name for path in paths]
 
 

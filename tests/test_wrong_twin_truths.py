@@ -75,3 +75,21 @@ def test_plans_without_expectations_keep_everything_but_the_numbers(wrong_twin) 
         for it, bare in zip(plan.items, stripped.items, strict=True):
             assert parse_expectation(bare.expected_impact) is None, bare.expected_impact
             assert bare.model_copy(update={"expected_impact": it.expected_impact}) == it
+
+
+def test_a_copy_without_expectations_reads_its_plans_cached_grids(wrong_twin, monkeypatch) -> None:
+    """The copies' grids are their plans' (same items, same flags): read from the caches under the plan, never
+    computed again nor written back under the copy's bytes."""
+    copies = wrong_twin.without_expectations(PLANS[:1])
+    assert wrong_twin.ORIGINALS[copies[0]] == PLANS[0]
+    cases = wrong_twin.write_truths(copies, ["exact", "s1"])
+
+    def computed(*_):
+        raise AssertionError("a copy's grid was computed again")
+
+    monkeypatch.setattr(wrong_twin, "grid", computed)
+    monkeypatch.setattr(wrong_twin, "_grid_job", computed)
+    out = wrong_twin.grids(cases, jobs=1)
+    assert {k: g["best"] for k, g in out.items()} == {
+        k: g["best"] for k, g in wrong_twin.grids(wrong_twin.write_truths(PLANS[:1], ["exact", "s1"]), 1).items()
+    }
