@@ -17,7 +17,12 @@ every plan under benchmarks/search_plans/ (or --plans FILES) the truths are, as 
 - s6: two wrongs at once: s1's item has no effect and s2's costs 8%;
 - s7: the hardware unlike its profile elsewhere: host overhead per step x0.5, KV and attention reads at 0.8 of their
   bandwidth efficiency, all-reduce efficiency x0.6, prefill work per token x2;
-- exact: no truth (the twin is right), the rows benchmarks/search_eval.py prints for the search.
+- exact: no truth (the twin is right), the rows benchmarks/search_eval.py prints for the search;
+- r1, r2, ... (`--random N`): the twin wrong everywhere at once, at random (seeded by the plan's name and the
+  number, so the same files every run): of the flag items the engine runs (none refused, none a no-op), each that
+  the base does not set has no effect with probability RANDOM_DEAD, and every other one's throughput is scaled by
+  exp(N(0, RANDOM_SIGMA)) with probability RANDOM_SCALED; the hardware's figures of RANDOM_HARDWARE are each
+  multiplied by exp(N(0, sd)), efficiencies kept at or under 1.
 
 `--truth FILE...` runs those truth files instead. Each campaign runs as a user would run it (`pivot run PLAN
 --engine sim -o truth=FILE`, the autopilot, `continue` at every pivot), without noise (seed 0) and with --noise over
@@ -45,6 +50,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
+import random
 import re
 import statistics
 import sys
@@ -76,6 +83,19 @@ S7_SCALES = {  # s7: the profile's figures multiplied
     "calibration.bandwidth_efficiency": 0.8,
     "calibration.allreduce_efficiency": 0.6,
     "calibration.prefill_us_per_token": 2.0,
+}
+RANDOM_DEAD = 0.15  # r: an item's flags ignored by the target
+RANDOM_SCALED = 0.6  # r: an item's throughput scaled on the target
+RANDOM_SIGMA = 0.05  # r: the log-sd of that scale (0.05: a third of the items off by more than 5%)
+RANDOM_HARDWARE = {  # r: a profile figure and the log-sd of its factor
+    "calibration.host_ms_per_step": 0.4,
+    "calibration.host_us_per_request": 0.4,
+    "calibration.gemm_m_half": 0.3,
+    "calibration.gemm_efficiency_max": 0.1,
+    "calibration.bandwidth_efficiency": 0.1,
+    "calibration.allreduce_efficiency": 0.2,
+    "calibration.prefill_us_per_token": 0.4,
+    "calibration.eager_ms_per_step": 0.4,
 }
 
 
@@ -185,12 +205,49 @@ def truth_texts(plan_path: Path) -> dict[str, str]:
     return out
 
 
+def random_text(plan_path: Path, k: int) -> str:
+    """The text of the plan's k-th random truth (r<k>): every item and the hardware a little or much unlike the
+    twin, drawn from a generator seeded by the plan's name and k."""
+    from tools.profiles import load_hardware
+
+    plan = load_plan(str(plan_path))
+    rng = random.Random(f"{plan.name}|r{k}")
+    base = plan.target.base_config()
+    lines, words = [], []
+    for it in _items(plan):
+        if it.flags is None or not it.flags.flags or it.remove_flags or it.power_limit_w is not None:
+            continue
+        if not _runs(plan, it):  # the engine refuses the item or ignores its flags: the target cannot differ there
+            continue
+        draw, scale = rng.random(), math.exp(rng.gauss(0.0, RANDOM_SIGMA))
+        if draw < RANDOM_DEAD and not any(f.name in base for f in it.flags.flags):
+            lines += _flag_lines(it, no_effect=True)
+            words.append(f"{it.id} no effect")
+        elif draw < RANDOM_DEAD + RANDOM_SCALED and round(scale, 3) != 1.0:
+            lines += _flag_lines(it, throughput_scale=round(scale, 3))
+            words.append(f"{it.id} x{scale:.3f}")
+    calibration = load_hardware(plan.target.hardware).calibration.model_dump()
+    hardware = []
+    for dotted, sd in RANDOM_HARDWARE.items():
+        factor = math.exp(rng.gauss(0.0, sd))
+        value = calibration.get(dotted.split(".")[-1])
+        if not isinstance(value, int | float) or not value:
+            continue
+        if dotted.endswith("efficiency") or dotted.endswith("efficiency_max"):
+            factor = min(factor, 0.99 / value)  # an efficiency stays under 1
+        hardware.append(f'"{dotted}" = {factor:.3f}')
+        words.append(f"{dotted.split('.')[-1]} x{factor:.3f}")
+    head = [f'name = "r{k}"', f"description = {json.dumps('random: ' + ', '.join(words))}", ""]
+    return "\n".join([*head, *lines, "[hardware.scale]", *hardware, ""])
+
+
 def write_truths(paths: list[Path], scenarios: list[str]) -> list[tuple[Path, str, str | None]]:
     """(plan, scenario, truth file or None for exact) for every plan and scenario; the files under
     benchmarks/wrong_twin/<plan>/ are written when their text changed."""
     cases = []
     for p in paths:
         texts = truth_texts(p)
+        texts.update({sc: random_text(p, int(sc[1:])) for sc in scenarios if re.fullmatch(r"r[1-9][0-9]*", sc)})
         for sc in scenarios:
             if sc == "exact":
                 cases.append((p, sc, None))
@@ -296,7 +353,8 @@ def without_expectations(paths: list[Path]) -> list[Path]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--plans", nargs="*", help="Plan files (default: benchmarks/search_plans/*.toml).")
-    ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="Of exact, s1, s2, s3, s4 (comma-separated).")
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="Of exact, s1 to s7 (comma-separated).")
+    ap.add_argument("--random", type=int, default=0, metavar="N", help="Also N random truths per plan (r1 to rN).")
     ap.add_argument("--truth", nargs="*", help="Truth files to run instead of the generated scenarios.")
     ap.add_argument("--seeds", type=int, default=5, help="Seeds of the noisy campaigns.")
     ap.add_argument("--noise", type=float, default=0.015)
@@ -313,7 +371,8 @@ def main() -> None:
         cases = [(p, Path(t).stem, str(Path(t).absolute())) for p in paths for t in opts.truth]
     else:
         scenarios = [s.strip() for s in opts.scenarios.split(",") if s.strip()]
-        unknown = sorted(set(scenarios) - set(SCENARIOS))
+        scenarios += [f"r{k}" for k in range(1, opts.random + 1)]
+        unknown = sorted(set(scenarios) - set(SCENARIOS) - {f"r{k}" for k in range(1, opts.random + 1)})
         if unknown:
             ap.error(f"unknown scenarios {', '.join(unknown)} (of {', '.join(SCENARIOS)})")
         cases = write_truths(paths, scenarios)

@@ -93,3 +93,26 @@ def test_a_copy_without_expectations_reads_its_plans_cached_grids(wrong_twin, mo
     assert {k: g["best"] for k, g in out.items()} == {
         k: g["best"] for k, g in wrong_twin.grids(wrong_twin.write_truths(PLANS[:1], ["exact", "s1"]), 1).items()
     }
+
+
+@pytest.mark.parametrize("plan_path", PLANS, ids=[p.stem for p in PLANS])
+def test_random_truths_are_valid_seeded_and_wrong_everywhere(wrong_twin, plan_path: Path, tmp_path: Path) -> None:
+    """--random N: r<k> is the same text every run (seeded by the plan and k), a truth the sim engine takes whose
+    hardware stays a valid profile, with items made dead only where the base does not set their flags."""
+    plan = load_plan(str(plan_path))
+    base = plan.target.base_config()
+    texts = [wrong_twin.random_text(plan_path, k) for k in (1, 2, 3)]
+    assert texts == [wrong_twin.random_text(plan_path, k) for k in (1, 2, 3)] and len(set(texts)) == 3
+    for k, text in enumerate(texts, 1):
+        f = tmp_path / f"r{k}.toml"
+        f.write_text(text)
+        truth = load_truth(str(f))
+        assert truth.name == f"r{k}" and set(truth.hardware.scale) == set(wrong_twin.RANDOM_HARDWARE)
+        hw = truth.hardware_for(plan.target.hardware)  # a valid profile: every efficiency at most 1
+        assert hw.calibration.bandwidth_efficiency <= 1 and hw.calibration.allreduce_efficiency <= 1
+        assert all(not e.no_effect or e.flag not in base for e in truth.flags)
+        assert all(e.no_effect or abs(e.throughput_scale - 1) < 0.5 for e in truth.flags)
+        ran = {f.name for it in plan.items if it.flags and wrong_twin._runs(plan, it) for f in it.flags.flags}
+        assert {e.flag for e in truth.flags} <= ran  # a flag the engine refuses or ignores is wrong nowhere
+        written = ROOT / "benchmarks" / "wrong_twin" / plan.name / f"r{k}.toml"
+        assert written.read_text() == text, f"{written} is stale: run benchmarks/wrong_twin.py --random 3"
