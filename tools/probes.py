@@ -13,16 +13,30 @@ ends at its first adopted probe, or after as many probes as it has members.
 The other way the twin can be wrong is about what it settles without a launch: an item it predicts inside the noise
 band is recorded `predicted` and never measured, and on a target where that item does pay (a flag the twin does not
 model, a kernel it has wrong) nothing would ever show it. Only where the plan's author agrees (an expected impact
-with a number for the session's objective, under the band) is the twin's word taken; where the author expects at
-least the band, or says nothing the twin can be held to (no number, or only a latency), a measurement tells: the
-items in doubt are launched together, once, when nothing else is left and every tier is open (an item may pay only
+with a number for the session's objective, under the band) and the twin has not been wrong on this target (no
+measured change off its prediction by more than the band: `twin_off`) is the twin's word taken; where the author
+expects at least the band, or says nothing the twin can be held to (no number, or only a latency), or the twin has
+already missed here, a measurement tells: the items in doubt are launched together, once, when nothing else is left and every tier is open (an item may pay only
 with another tier's: those combinations come first) (`doubted`).
 Measured as the twin says, they are settled by one launch (and stay candidates for the combinations they may pay in,
 as items the twin predicted do: `checked`); measured beyond the band, the bundle is adopted like any change (a
 surprise: confirmed on three runs); measured below, its members are taken apart like any missed step.
+
+The third way is about what a combined step brings in: its measurement is of the sum, so a member the twin says adds
+little (a rider) may cost on the target while another member gains more than the twin says, and the step still
+measures as predicted; nothing then looks wrong and the rider stays. So the best configuration's riders (`riders`:
+members of an adopted combined step, never launched alone, never taken back or left out by a probe) that the twin
+now predicts inside the band of the best without them are taken back together, once per best configuration, when
+nothing else is left (after the check above), the likeliest to pay first (the best corrected change without it),
+joined by the next while the twin's prediction of the best without them all stays above a loss of the band:
+measured as the twin says, they stay (a no gain); beyond the band, the best is rebuilt without them (a revert
+adopted like any change, and the best's riders are checked again).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 from agent import models as m
 from tools.method.reading import Method
@@ -98,9 +112,66 @@ def revert_launches(method: Method, item_id: str) -> int:
     )
 
 
+def riders(method: Method) -> tuple[str, ...]:
+    """The best configuration's riders (the module docstring), in plan order: each came in with an adopted step of
+    several plan items, was never launched alone, and no launch after that step left it out (a probe, a revert).
+    None once a launch took adopted items back from the best configuration as it is (one check per best)."""
+    best = method.best()
+    if best is None or any(
+        (x.id or 0) > (best.id or 0) and x.reverts and not x.plan_items and _launched(method, x)
+        for x in method.experiments
+    ):
+        return ()
+    out = []
+    for item_id in method.active_items():
+        e = method.adopted_by(item_id)
+        if e is None or item_id not in method.plan.item_ids() or len(e.plan_items) < 2 or own_launches(method, item_id):
+            continue
+        members = set(e.plan_items)
+        left_out = any(
+            (x.id or 0) > (e.id or 0) and _launched(method, x)
+            and (item_id in x.reverts or (members - {item_id} <= set(x.plan_items) and item_id not in x.plan_items))
+            for x in method.experiments
+        )  # fmt: skip
+        if not left_out:
+            out.append(item_id)
+    return tuple(i for i in method.plan.item_ids() if i in out)
+
+
+def together(estimate: Callable[[tuple[str, ...]], Any], ids: tuple[str, ...], band: float) -> tuple[str, ...]:
+    """The items of `ids` one launch checks the twin on together: in their order, each that keeps the twin's corrected
+    prediction of them all (`estimate`: a tuple of ids -> its Estimate, tools/search.py) above a loss of the band
+    (`band`, in %). One the twin predicts would cost with the others (settled in another context, or spoiling them),
+    would crash, or cannot predict waits: a later check, or none."""
+    out: tuple[str, ...] = ()
+    for item_id in ids:
+        est = estimate((*out, item_id))
+        if est.source == "twin" and not est.crash and est.change_pct is not None and est.change_pct > -band:
+            out = (*out, item_id)
+    return out
+
+
+def twin_off(method: Method, band: float) -> bool:
+    """Whether a change measured on the plan's workload in this campaign differs from the prediction made before its
+    launch by more than the band (`band`, in %): the twin has been wrong on this target, and what it settled
+    unmeasured is doubted even where the plan agrees."""
+    key = method.plan.workload.workload_key()
+    for e in method.experiments:
+        if e.kind != "change" or e.predicted_change_pct is None or e.workload.workload_key() != key:
+            continue
+        if e.verdict not in ("adopted", "no_gain", "regressed", "superseded"):
+            continue
+        got = method.judge(e).change_pct
+        if got is not None and abs(got - e.predicted_change_pct) > band:
+            return True
+    return False
+
+
 def doubted(method: Method, items: list[m.PlanItem], band: float) -> tuple[str, ...]:
     """The items in doubt (the module docstring): settled `predicted` by the twin inside the band (`band`, in %),
-    never launched, and not agreed on by the plan (`_plan_agrees`); in plan order."""
+    never launched, and not agreed on by the plan (`_plan_agrees`) unless the twin has missed here (`twin_off`); in
+    plan order."""
+    off: bool | None = None
     out = []
     for item in items:
         final = method.final(item)
@@ -109,7 +180,9 @@ def doubted(method: Method, items: list[m.PlanItem], band: float) -> tuple[str, 
             continue
         if last.predicted_change_pct is None or not -band < last.predicted_change_pct < band:
             continue
-        if not _plan_agrees(item, method.plan.objective.kind, band):
+        if off is None and _plan_agrees(item, method.plan.objective.kind, band):
+            off = twin_off(method, band)  # read once, where a plan's agreement would settle it
+        if off or not _plan_agrees(item, method.plan.objective.kind, band):
             out.append(item.id)
     return tuple(i for i in method.plan.item_ids() if i in out)
 
@@ -118,6 +191,9 @@ def disagreement(method: Method, ids: tuple[str, ...]) -> str:
     """What the plan says of the items in doubt `ids`, for a launch's reason: "the plan expects more", or, where an
     item has no number for the session's objective, which items the plan leaves open."""
     objective = method.plan.objective.kind
+    band = method.band_pct()
+    if all(_plan_agrees(method.plan.item(i), objective, band) for i in ids):
+        return f"the plan agrees, but the twin has been off by more than the {band:.1f}% band on this target"
     open_ = [i for i in ids if _number(method.plan.item(i), objective) is None]
     if not open_:
         return "the plan expects more"

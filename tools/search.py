@@ -19,9 +19,10 @@ no effect where the twin said +16% carries that into every later combination tha
 - reverts: an adopted item taken back, when the best configuration rebuilt from its chain of adopted changes
   without it is predicted beyond the noise band (at most REVERTS launches per item);
 - leave-one-out probes of a combined step that fell short of its prediction (tools/probes.py);
-- the check of what the twin settled unmeasured: when nothing else is left and every tier is open, the items it
-  recorded `predicted` inside the band that the plan expects at least the band from, launched together once
-  (tools/probes.py: doubted).
+- the checks of the twin's word alone, when nothing else is left and every tier is open (tools/probes.py): the items
+  it recorded `predicted` inside the band that the plan does not agree on, launched together once (doubted); then
+  the best configuration's riders, members of an adopted combined step never measured alone, taken back together
+  once (riders).
 
 They are ranked by predicted gain; an item whose flags the twin does not model is ranked by the plan's expected
 impact instead (and says so). A candidate is launched only when its predicted gain beats the noise band (a probe:
@@ -572,25 +573,27 @@ def ranked_steps(method: Method, d: Decision, validate) -> list[Step]:
         if c.estimate.source == "plan" and not method.done(method.plan.item(c.items[0]))
     ]
     last_tier = {it.tier for it in method.plan.items} <= d.released  # the combinations across tiers were tried first
-    if not out and last_tier and (ids := _check(sur, doubted(method, again, band), band)):  # nothing left: checked
-        est = sur.estimate(ids)
-        if measured(method, est.config) is None:
-            why = (f"{' + '.join(ids)}: the twin settled {'each' if len(ids) > 1 else 'it'} unmeasured, inside the "
-                   f"{band:.1f}% band; {probes.disagreement(method, ids)}: one launch checks the twin ({est.note})")  # fmt: skip
-            out.append(Step("launch", ids, why, Candidate(ids, est, "combined" if len(ids) > 1 else "single", {}, why)))
-    return out
+    return out or (_end_checks(method, sur, again, band) if last_tier else [])
 
 
-def _check(sur: Surrogate, ids: tuple[str, ...], band: float) -> tuple[str, ...]:
-    """The items in doubt (`ids`) that one launch checks the twin on, together: in plan order, each that keeps the
-    twin's prediction of the bundle on the best configuration above a loss of the band (`band`, in %). An item the
-    twin now predicts to cost (settled in another context, or spoiling the others) waits: a later check, or none."""
-    out: tuple[str, ...] = ()
-    for item_id in ids:
-        est = sur.estimate((*out, item_id))
-        if est.source == "twin" and not est.crash and est.change_pct is not None and est.change_pct > -band:
-            out = (*out, item_id)
-    return out
+def _end_checks(method: Method, sur: Surrogate, again: list[m.PlanItem], band: float) -> list[Step]:
+    """With nothing else left, one launch checks the twin (tools/probes.py): on the items it settled unmeasured
+    inside the band (added together), else on the best configuration's riders (taken back together)."""
+    if (ids := probes.together(sur.estimate, doubted(method, again, band), band)) and not measured(
+        method, (est := sur.estimate(ids)).config
+    ):
+        why = (f"{' + '.join(ids)}: the twin settled {'each' if len(ids) > 1 else 'it'} unmeasured, inside the "
+               f"{band:.1f}% band; {probes.disagreement(method, ids)}: one launch checks the twin ({est.note})")  # fmt: skip
+        return [Step("launch", ids, why, Candidate(ids, est, "combined" if len(ids) > 1 else "single", {}, why))]
+    alone = {i: sur.estimate((), (i,)).change_pct for i in probes.riders(method)}
+    order = sorted((i for i, v in alone.items() if v is not None), key=lambda i: -(alone[i] or 0.0))  # likeliest first
+    ids = probes.together(lambda r: sur.estimate((), r), tuple(order), band)
+    est = sur.estimate((), ids)
+    if not ids or est.change_pct is None or est.change_pct >= band or measured(method, est.config):
+        return []
+    why = (f"without {' + '.join(ids)}: adopted in a combined step, never measured alone, the twin's word alone keeps "
+           f"{'them' if len(ids) > 1 else 'it'} (inside the {band:.1f}% band): one launch checks the twin ({est.note})")  # fmt: skip
+    return [Step("launch", (), why, Candidate((), est, "revert", {}, why, reverts=ids), ids)]
 
 
 def _predicted_reason(method: Method, validate, item: m.PlanItem, est: Estimate, band: float) -> str:

@@ -17,16 +17,18 @@ read the ledger through this one module, so an LLM and the built-in policy are h
   more than twice their combined error). The weighted gain lies between the two, so a change the twin and the
   measurement both put below the band is never adopted;
 - a change is adopted only when its (judged) gain beats the band on the mean of at least two runs (a gain beyond the
-  band on one run is rerun to confirm it, unless the session's `search` setting is off: the old greedy path); a gain
+  band on one run is rerun to confirm it, and so is a loss beyond it that the twin predicted inside the band,
+  unless the session's `search` setting is off: the old greedy path); a gain
   inside the band is rerun (up to `reruns` times) and then called no gain (with the search on, at once where the
   twin predicted it inside the band too and the measurement is not near the band); a loss beyond the band is a
   regression; failed requests are a crash;
 - a surprise is confirmed before its verdict: with the search on, a measured change that differs from the prediction
   made before its launch by more than the band (the twin is wrong about it, or the runs were unlucky) is rerun
-  until it has SURPRISE_RUNS runs before it is adopted or called a regression, and a loss the twin did not
-  predict is called a regression only when its mean is beyond the band by its standard error (the pooled
-  run-to-run noise over its runs and its base's): a loss just past the band that the noise can explain is no gain,
-  not a claim that the change hurts;
+  until it has SURPRISE_RUNS runs before it is adopted or called a regression;
+- with the search on, a loss is called a regression only when its (judged) mean is beyond the band by its standard
+  error (the pooled run-to-run noise over its runs and its base's): a loss just past the band that the noise can
+  explain is no gain, not a claim that the change hurts, whether the twin predicted it or not (a rider taken back,
+  predicted -2%, measured -3.3% on one run, is no gain);
 - a gain near the band is measured again before its verdict: with the search on, a change whose (judged) gain lies
   within its standard error of the band, on either side, is rerun until it has NEAR_BAND_RUNS runs, so that a
   true +3.2% that two unlucky runs put at +2.6% is not called no gain, nor a true +1% that two lucky runs put at
@@ -648,13 +650,16 @@ class Method:
         agreed = (self.settings.search and not surprise and not e.not_modelled
                   and e.predicted_change_pct is not None and e.predicted_change_pct < band)  # fmt: skip
         suggestion = self._suggest(judged, band, len(runs), moved, surprise, agreed)
+        if suggestion == "regressed" and agreed and -band < (e.predicted_change_pct or 0.0) and len(runs) < 2:
+            suggestion = "rerun"  # the twin put it inside the band and one run beyond: a second run confirms the loss
         host_note = self._host_clause(e, c)
         if host_note and suggestion in ("adopted", "regressed") and len(runs) < 2:
             suggestion = "rerun"  # one run on a host whose load moved: measured again before the verdict
         rebase = (suggestion in paired.DECISIVE and pairs is None and not moved and self._pairs(e)
                   and base is not None and base.status == "finished")  # fmt: skip  # (a failed re-measure: no more)
         suggestion = "rebase" if rebase else suggestion  # the base measured again after it (A/B/A) first
-        unsure = self._unsure_loss(e, judged, band, len(runs), len(before_runs)) if surprise else None
+        unsure = (self._unsure_loss(e, judged, band, len(runs), len(before_runs))
+                  if surprise or (self.settings.search and e.predicted_change_pct is not None) else None)  # fmt: skip
         suggestion = "no_gain" if unsure is not None and suggestion == "regressed" else suggestion
         near = (self._near_band(e, judged, band, len(runs), len(before_runs), weight)
                 if suggestion in ("adopted", "no_gain") and not rebase and pairs is None else None)  # fmt: skip
