@@ -335,6 +335,7 @@ class Autopilot(Steps):
             ),
         ]
         started = out[0].status == "completed" and out[1].status == "completed"
+        active = set(method.active_items())
         if out[0].status != "completed":
             out[0].status = "in_progress"
         elif out[1].status != "completed":
@@ -348,6 +349,8 @@ class Autopilot(Steps):
                 final = method.final(it)
                 status = "completed" if done else "in_progress" if started and it.id in current else "pending"
                 verdict = f": {reports.VERDICT_WORDS[final[-1].verdict]}" if done and final else ""
+                if verdict and final[-1].verdict == "adopted" and it.id not in active:
+                    verdict += ", then taken back"  # a revert (or a check of a rider) dropped it from the best
                 content = f"{it.id} {it.title}{verdict}"
             if d.stopped_at is not None and status == "pending":
                 status = "cancelled"

@@ -201,6 +201,8 @@ def test_a_change_a_later_one_turns_into_a_brake_is_taken_back(tmp_path, monkeyp
     assert back and back[0].verdict == "adopted" and "03 Knob 03" in (back[0].revert_why or "")
     ledger = reports.Ledger.read(c.store, c.sid)
     assert reports.item_status(ledger, c.plan.item("01"))[0].startswith("adopted, then taken back")
+    todos = {t.plan_item: t.content for t in c.store.todos(c.sid)}
+    assert todos["01"].endswith(": adopted, then taken back") and todos["03"].endswith(": adopted"), todos
     summary = reports.render_status(ledger, 9, "q?", ["stop"]).markdown
     assert "a brake: dropped, +" in summary and " -01 |" in summary
 
