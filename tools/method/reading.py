@@ -34,6 +34,9 @@ read the ledger through this one module, so an LLM and the built-in policy are h
   true +3.2% that two unlucky runs put at +2.6% is not called no gain, nor a true +1% that two lucky runs put at
   +3.5% adopted (noise-free runs have no standard error: nothing is near; a change judged in pairs with its base,
   tools/method/paired.py, is not: a run of it after its base's last has no pair and would not count);
+- with the search on, a gain the twin predicted inside the band (a check of its word: the items it settled
+  unmeasured, the riders taken back) is adopted only when it clears the band by its standard error: there the twin
+  is right more often than not, and a near-band draw of the noise is no reason to believe it wrong;
 - a change whose changed flags the engine does not model (a simulated engine: `Experiment.not_modelled`) is not
   measured, whatever numbers the engine gave: its effect is not in them.
 
@@ -52,7 +55,7 @@ from agent import models as m
 from agent.contracts import load_engine
 from agent.errors import PivotError
 from agent.store import Store
-from tools.method import paired
+from tools.method import paired, words
 from tools.method.judgement import OWN_SPREAD_FACTOR, Judgement, Suggestion, own_band  # noqa: F401 (re-exported)
 from tools.method.objective import Objective, noise_pct, objective_for
 from tools.method.words import _names, engine_words, not_measured_text, refused_text  # noqa: F401 (re-exported)
@@ -469,17 +472,6 @@ class Method:
         se = se * (1 - weight) ** 0.5 if se is not None else None
         return se if se is not None and abs(judged - band) < se else None
 
-    def _verdict_clause(self, e: m.Experiment, suggestion: Suggestion, surprise: bool, change: float, judged: float,
-                        band: float, noise: float | None) -> str:  # fmt: skip
-        """How the change stands against the band, or, for a surprise rerun, against its prediction, in words."""
-        if not (surprise and suggestion == "rerun" and (judged >= band or judged <= -band)):
-            return self._band_clause(suggestion, judged, band, noise)
-        p = e.predicted_change_pct or 0.0
-        return (
-            f", beyond the {band:.1f}% noise band, but {change - p:+.1f} points off the {p:+.1f}% predicted before "
-            "the launch (more than the band): one more run before the verdict"
-        )
-
     def _suggest(
         self, change: float, band: float, runs: int, moved: bool, surprise: bool = False, agreed: bool = False
     ) -> Suggestion:
@@ -498,23 +490,6 @@ class Method:
         if change > 0 and runs < 1 + self.settings.reruns and not agreed:
             return "rerun"
         return "no_gain"
-
-    def _band_clause(self, suggestion: Suggestion, change: float, band: float, noise: float | None) -> str:
-        """How the change stands against the noise band, in words, for the judgement's text."""
-        floor = self.settings.min_gain_pct
-        why_band = f"measured noise {noise:.1f}%, floor {floor:g}%" if noise is not None else f"floor {floor:g}%"
-        if suggestion == "rerun" and change >= band:
-            return (
-                f", beyond the {band:.1f}% noise band on one run ({why_band}): a second run confirms it before it "
-                "becomes the bar (the band applies to the mean)"
-            )
-        if suggestion == "rerun" and change <= -band:
-            return f", beyond the {band:.1f}% noise band on one run ({why_band}): measured again before the verdict"
-        if suggestion in ("no_gain", "rerun"):
-            return f", inside the {band:.1f}% noise band ({why_band})"
-        if suggestion in ("adopted", "superseded"):
-            return f", beyond the {band:.1f}% noise band ({why_band})"
-        return ""
 
     def _after_words(self, e: m.Experiment, suggestion: Suggestion, best: m.Experiment | None, c: int,
                      noops: list[str], unmodelled: list[str]) -> str:  # fmt: skip
@@ -647,10 +622,10 @@ class Method:
             best is not None and e.base_experiment_id is not None and best.id not in (e.id, e.base_experiment_id)
         )
         surprise = self._surprise(e, change, band)
-        agreed = (self.settings.search and not surprise and not e.not_modelled
-                  and e.predicted_change_pct is not None and e.predicted_change_pct < band)  # fmt: skip
+        p_pct = e.predicted_change_pct if e.predicted_change_pct is not None else float("nan")
+        agreed = self.settings.search and not surprise and not e.not_modelled and p_pct < band
         suggestion = self._suggest(judged, band, len(runs), moved, surprise, agreed)
-        if suggestion == "regressed" and agreed and -band < (e.predicted_change_pct or 0.0) and len(runs) < 2:
+        if suggestion == "regressed" and agreed and -band < p_pct and len(runs) < 2:
             suggestion = "rerun"  # the twin put it inside the band and one run beyond: a second run confirms the loss
         host_note = self._host_clause(e, c)
         if host_note and suggestion in ("adopted", "regressed") and len(runs) < 2:
@@ -664,6 +639,9 @@ class Method:
         near = (self._near_band(e, judged, band, len(runs), len(before_runs), weight)
                 if suggestion in ("adopted", "no_gain") and not rebase and pairs is None else None)  # fmt: skip
         suggestion = "rerun" if near is not None else suggestion
+        doubt = (self._standard_error(e, len(runs), len(before_runs)) or 0.0) * (1 - weight) ** 0.5
+        doubt = doubt if suggestion == "adopted" and agreed and -band < p_pct and judged < band + doubt else None
+        suggestion = "no_gain" if doubt is not None else suggestion
         n = self.objective.number
         measured = f"{n(a)}" if len(runs) == 1 else f"{n(a)}, mean of {len(runs)} runs: {', '.join(n(v) for v in runs)}"
         text = (
@@ -682,7 +660,9 @@ class Method:
                f", {judged - band:+.1f} points from the {band:.1f}% noise band, within its standard error "
                f"({near:.1f} points on {len(runs)} run{'s' if len(runs) != 1 else ''}): one more run before the verdict"
                if near is not None else
-               self._verdict_clause(e, suggestion, surprise, change, judged, band, noise))
+               f", beyond the {band:.1f}% noise band by less than its standard error ({doubt:.1f} points) where the "
+               f"twin predicted {p_pct:+.1f}%, inside it: no gain, not an adoption" if doubt is not None else
+               words.verdict_clause(e, suggestion, surprise, change, judged, band, noise, self.settings.min_gain_pct))
         )  # fmt: skip
         text += self._after_words(e, suggestion, best, c, noops, unmodelled)
         return Judgement(

@@ -1,11 +1,13 @@
-"""The method's words for a change it cannot measure: a launch the engine refused (in the engine's own sentence,
-pivot's framing taken off) and a change of flags a simulated engine does not model."""
+"""The method's words for a change it cannot measure (a launch the engine refused, in the engine's own sentence with
+pivot's framing taken off; a change of flags a simulated engine does not model) and for how a measured change stands
+against the noise band."""
 
 from __future__ import annotations
 
 import re
 
 from agent import models as m
+from tools.method.judgement import Suggestion
 
 # the words a launch failure was recorded with (tools/engines/process.py): "vllm exited while starting (exit code 1):
 # argument-validation (Value error, ...)"; the engine's own sentence is the part in brackets at the end
@@ -41,3 +43,32 @@ def not_measured_text(flags: list[str]) -> str:
         f"not measured: the twin does not model {_names(flags)}, so its numbers cannot show what this change does; "
         "measure it on a GPU (--engine sglang)"
     )
+
+
+def verdict_clause(e: m.Experiment, suggestion: Suggestion, surprise: bool, change: float, judged: float, band: float,
+                   noise: float | None, floor: float) -> str:  # fmt: skip
+    """How the change stands against the band, or, for a surprise rerun, against its prediction, in words."""
+    if not (surprise and suggestion == "rerun" and (judged >= band or judged <= -band)):
+        return band_clause(suggestion, judged, band, noise, floor)
+    p = e.predicted_change_pct or 0.0
+    return (
+        f", beyond the {band:.1f}% noise band, but {change - p:+.1f} points off the {p:+.1f}% predicted before "
+        "the launch (more than the band): one more run before the verdict"
+    )
+
+
+def band_clause(suggestion: Suggestion, change: float, band: float, noise: float | None, floor: float) -> str:
+    """How the change stands against the noise band (`floor`: the session's least gain), in words."""
+    why_band = f"measured noise {noise:.1f}%, floor {floor:g}%" if noise is not None else f"floor {floor:g}%"
+    if suggestion == "rerun" and change >= band:
+        return (
+            f", beyond the {band:.1f}% noise band on one run ({why_band}): a second run confirms it before it "
+            "becomes the bar (the band applies to the mean)"
+        )
+    if suggestion == "rerun" and change <= -band:
+        return f", beyond the {band:.1f}% noise band on one run ({why_band}): measured again before the verdict"
+    if suggestion in ("no_gain", "rerun"):
+        return f", inside the {band:.1f}% noise band ({why_band})"
+    if suggestion in ("adopted", "superseded"):
+        return f", beyond the {band:.1f}% noise band ({why_band})"
+    return ""
