@@ -205,6 +205,20 @@ def _campaign(store, s, truth: Callable[[m.ServerConfig], float], steps: int = 1
     return out
 
 
+def _neutral_08(monkeypatch: pytest.MonkeyPatch, expected: str) -> m.Plan:
+    """A plan of 07 and 08 whose 08 the plan expects `expected` of, and a twin to which 08 does nothing at all."""
+
+    def neutral(config: m.ServerConfig, level: int) -> Prediction:
+        tok = fake_tok(config) / (1.004 if "--disable-overlap-schedule" in str(config) else 1.0)
+        return Prediction(bench_level(level, tok))
+
+    monkeypatch.setattr(search, "predictor_for", lambda method: FakePredictor(neutral))
+    plan = make_plan(["07", "08"])
+    return plan.model_copy(update={"items": [
+        it.model_copy(update={"expected_impact": expected}) if it.id == "08" else it for it in plan.items
+    ]})  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "expected, why",
     [
@@ -222,16 +236,7 @@ def test_an_item_the_twin_settles_unmeasured_is_checked_once_unless_the_plan_agr
     search launches it once when nothing else is left, and the gain is found (confirmed as a surprise); where the
     plan expects less of it, as the twin does, the twin's word stands and nothing more is launched."""
     launched = why is not None
-
-    def neutral(config: m.ServerConfig, level: int) -> Prediction:  # the twin: 08 does nothing at all
-        tok = fake_tok(config) / (1.004 if "--disable-overlap-schedule" in str(config) else 1.0)
-        return Prediction(bench_level(level, tok))
-
-    monkeypatch.setattr(search, "predictor_for", lambda method: FakePredictor(neutral))
-    plan = make_plan(["07", "08"])
-    plan = plan.model_copy(update={"items": [
-        it.model_copy(update={"expected_impact": expected}) if it.id == "08" else it for it in plan.items
-    ]})  # fmt: skip
+    plan = _neutral_08(monkeypatch, expected)
     s = session_for(store, paths, plan)
     baseline(store, s)
     done = _campaign(store, s, costs("--disable-overlap-schedule", 1.08))
@@ -311,16 +316,7 @@ def test_where_the_twin_has_missed_on_this_target_the_plans_agreement_does_not_s
 ) -> None:
     """The plan expects +0-1% of 08, as the twin does; but 07 measured +43% where the twin said +30% (off by more
     than the band): the twin is wrong on this target, so its unmeasured word on 08 is checked (+8%, found)."""
-
-    def neutral(config: m.ServerConfig, level: int) -> Prediction:  # the twin: 08 does nothing at all
-        tok = fake_tok(config) / (1.004 if "--disable-overlap-schedule" in str(config) else 1.0)
-        return Prediction(bench_level(level, tok))
-
-    monkeypatch.setattr(search, "predictor_for", lambda method: FakePredictor(neutral))
-    plan = make_plan(["07", "08"])
-    plan = plan.model_copy(update={"items": [
-        it.model_copy(update={"expected_impact": "+0-1% output tok/s."}) if it.id == "08" else it for it in plan.items
-    ]})  # fmt: skip
+    plan = _neutral_08(monkeypatch, "+0-1% output tok/s.")
     for seven, found in ((1.10, True), (1.0, False)):  # the twin off about 07 by 10 points, or right
         s = session_for(store, paths, plan)
         baseline(store, s)

@@ -16,8 +16,8 @@ model, a kernel it has wrong) nothing would ever show it. Only where the plan's 
 with a number for the session's objective, under the band) and the twin has not been wrong on this target (no
 measured change off its prediction by more than the band: `twin_off`) is the twin's word taken; where the author
 expects at least the band, or says nothing the twin can be held to (no number, or only a latency), or the twin has
-already missed here, a measurement tells: the items in doubt are launched together, once, when nothing else is left and every tier is open (an item may pay only
-with another tier's: those combinations come first) (`doubted`).
+already missed here, a measurement tells: the items in doubt are launched together, once, when nothing else is left
+and every tier is open (an item may pay only with another tier's: those combinations come first) (`doubted`).
 Measured as the twin says, they are settled by one launch (and stay candidates for the combinations they may pay in,
 as items the twin predicted do: `checked`); measured beyond the band, the bundle is adopted like any change (a
 surprise: confirmed on three runs); measured below, its members are taken apart like any missed step.
@@ -180,9 +180,10 @@ def doubted(method: Method, items: list[m.PlanItem], band: float) -> tuple[str, 
             continue
         if last.predicted_change_pct is None or not -band < last.predicted_change_pct < band:
             continue
-        if off is None and _plan_agrees(item, method.plan.objective.kind, band):
+        agrees = _plan_agrees(item, method.plan.objective.kind, band)
+        if agrees and off is None:
             off = twin_off(method, band)  # read once, where a plan's agreement would settle it
-        if off or not _plan_agrees(item, method.plan.objective.kind, band):
+        if not agrees or off:
             out.append(item.id)
     return tuple(i for i in method.plan.item_ids() if i in out)
 

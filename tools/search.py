@@ -587,9 +587,10 @@ def _end_checks(method: Method, sur: Surrogate, again: list[m.PlanItem], band: f
         return [Step("launch", ids, why, Candidate(ids, est, "combined" if len(ids) > 1 else "single", {}, why))]
     alone = {i: sur.estimate((), (i,)).change_pct for i in probes.riders(method)}
     order = sorted((i for i, v in alone.items() if v is not None), key=lambda i: -(alone[i] or 0.0))  # likeliest first
-    ids = probes.together(lambda r: sur.estimate((), r), tuple(order), band)
+    if not (ids := probes.together(lambda r: sur.estimate((), r), tuple(order), band)):
+        return []
     est = sur.estimate((), ids)
-    if not ids or est.change_pct is None or est.change_pct >= band or measured(method, est.config):
+    if est.change_pct is None or est.change_pct >= band or measured(method, est.config):
         return []
     why = (f"without {' + '.join(ids)}: adopted in a combined step, never measured alone, the twin's word alone keeps "
            f"{'them' if len(ids) > 1 else 'it'} (inside the {band:.1f}% band): one launch checks the twin ({est.note})")  # fmt: skip

@@ -633,8 +633,8 @@ class Method:
         rebase = (suggestion in paired.DECISIVE and pairs is None and not moved and self._pairs(e)
                   and base is not None and base.status == "finished")  # fmt: skip  # (a failed re-measure: no more)
         suggestion = "rebase" if rebase else suggestion  # the base measured again after it (A/B/A) first
-        unsure = (self._unsure_loss(e, judged, band, len(runs), len(before_runs))
-                  if surprise or (self.settings.search and e.predicted_change_pct is not None) else None)  # fmt: skip
+        unsure = (self._unsure_loss(e, judged, band, len(runs), len(before_runs))  # a surprise is one too
+                  if self.settings.search and e.predicted_change_pct is not None else None)  # fmt: skip
         suggestion = "no_gain" if unsure is not None and suggestion == "regressed" else suggestion
         near = (self._near_band(e, judged, band, len(runs), len(before_runs), weight)
                 if suggestion in ("adopted", "no_gain") and not rebase and pairs is None else None)  # fmt: skip
