@@ -215,11 +215,7 @@ def record_step(
                 if kind == "change" or item is None
                 else {}
             )
-            why = (
-                "; ".join(search.revert_text(method, i, tuple(items)) for i in reverts)
-                if reverts and kind == "change"
-                else None
-            )
+            why = _revert_why(method, items, reverts) if reverts and kind == "change" else None
             e = store.add_experiment(
                 session.id,
                 m.Experiment(
@@ -273,3 +269,14 @@ def record_failed(session: Session, e: m.Experiment, failure: str, message: str)
         else "did not start"
     )
     session.emit("warning", f"experiment {e.number}: {what} ({failure}): {message[:200]}")
+
+
+def _revert_why(method: Method, items: list[str], reverts: list[str]) -> str:
+    """Why the adopted items `reverts` are taken back, in words: the best's riders checked (tools/probes.py), else
+    what made each a brake (tools/method/moves.py: revert_text)."""
+    from tools import probes, search
+
+    if not items and set(reverts) <= set(probes.riders(method)):
+        who = " + ".join(f"{i} {plan_item_of(method.plan, i).title}" for i in reverts)
+        return f"{who}: adopted in a combined step and never measured alone, taken back to check the twin's word"
+    return "; ".join(search.revert_text(method, i, tuple(items)) for i in reverts)

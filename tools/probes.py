@@ -31,6 +31,14 @@ nothing else is left (after the check above), the likeliest to pay first (the be
 joined by the next while the twin's prediction of the best without them all stays above a loss of the band:
 measured as the twin says, they stay (a no gain); beyond the band, the best is rebuilt without them (a revert
 adopted like any change, and the best's riders are checked again).
+
+A revert of several items measured beyond its prediction by more than the band says the twin had one of them wrong,
+not which: the measurement is of the sum again, and an item whose removal the twin put at little may have gained
+(crosstier R1: 04 cost 9%, 06 gained 3%, taken back together, +6.7% against -2.2% predicted). So the items it took
+back but the one blamed are put back together, once, before the riders of the new best are checked (`put_back`):
+blamed is the one whose putting back alone the corrected twin predicts costs most, where it tells them apart by more
+than its uncertainty, else the first the revert took back (the riders' check takes the likeliest to pay first).
+Measured as the twin says, they stay out; beyond the band, they are adopted.
 """
 
 from __future__ import annotations
@@ -224,3 +232,72 @@ def checked(method: Method, e: m.Experiment) -> bool:
         if not any(x.verdict == "predicted" for x in before) or any(_launched(method, x) for x in before):
             return False
     return bool(e.plan_items) and not e.reverts
+
+
+def put_back(method: Method, blame: Callable[[str], tuple[float, float]]) -> tuple[str, ...]:
+    """The items to put back on the best configuration (the module docstring) when the best is a revert of several
+    items measured beyond its prediction by more than the band: all it took back but the one blamed, in plan order;
+    () otherwise, or once a launch after the best held them all. `blame`: the corrected change of putting an item
+    back alone, with its sd (%); the lowest is blamed where it is lower than the others by more than its sd, else the
+    measurements cannot tell and the first taken back is (the riders' check takes the likeliest to pay first)."""
+    best = method.best()
+    if best is None or best.plan_items or len(best.reverts) < 2 or best.predicted_change_pct is None:
+        return ()
+    got = method.judge(best).change_pct
+    if got is None or got - best.predicted_change_pct <= method.band_pct():
+        return ()
+    taken = [i for i in best.reverts if i in method.plan.item_ids()]
+    if len(taken) < 2:
+        return ()
+    culprit, _ = blamed(taken, blame)
+    out = tuple(i for i in method.plan.item_ids() if i in taken and i != culprit)
+    after = [x for x in method.experiments if (x.id or 0) > (best.id or 0) and _launched(method, x)]
+    return () if any(set(out) <= set(x.plan_items) for x in after) else out
+
+
+def blamed(taken: list[str], blame: Callable[[str], tuple[float, float]]) -> tuple[str, bool]:
+    """Of the items a revert took back together (in its order), the one blamed for its surprise (put_back), and
+    whether the measurements tell (else it is the first taken back)."""
+    said = {i: blame(i) for i in taken}
+    low = min(taken, key=lambda i: said[i][0])
+    if all(said[i][0] - said[low][0] > said[low][1] for i in taken if i != low):
+        return low, True
+    return taken[0], False
+
+
+def end_check(
+    method: Method,
+    estimate: Callable[..., Any],
+    blame: Callable[[str], tuple[float, float]],
+    again: list[m.PlanItem],
+    band: float,
+) -> tuple[tuple[str, ...], tuple[str, ...], str] | None:
+    """With nothing else left, the one launch that checks the twin's word alone (the module docstring), as (items,
+    reverts, why): the items in doubt added together; else what a revert of several took back put back; else the
+    best's riders taken back together. None when there is none, or its configuration was measured. `estimate`:
+    (items, reverts) -> the search's corrected Estimate; `blame`: see put_back."""
+    if ids := together(estimate, doubted(method, again, band), band):
+        est = estimate(ids)
+        if not method.ran(est.config):
+            why = (f"{' + '.join(ids)}: the twin settled {'each' if len(ids) > 1 else 'it'} unmeasured, inside the "
+                   f"{band:.1f}% band; {disagreement(method, ids)}: one launch checks the twin ({est.note})")  # fmt: skip
+            return ids, (), why
+    if (ids := put_back(method, blame)) and not method.ran((est := estimate(ids)).config) and (best := method.best()):
+        got, said = method.judge(best).change_pct or 0.0, best.predicted_change_pct or 0.0
+        culprit, told = blamed([i for i in best.reverts if i in method.plan.item_ids()], blame)
+        who = (f"the measurements blame {culprit}" if told else f"the measurements cannot tell which: {culprit}, the "
+               "first taken back, is blamed")  # fmt: skip
+        why = (f"{' + '.join(ids)} put back: experiment {best.number} took {' + '.join(best.reverts)} back together "
+               f"and measured {got:+.1f}% against {said:+.1f}% predicted, so the twin had one of them wrong; {who}: "
+               f"one launch tells whether {' + '.join(ids)} paid ({est.note})")  # fmt: skip
+        return ids, (), why
+    alone = {i: estimate((), (i,)).change_pct for i in riders(method)}
+    order = sorted((i for i, v in alone.items() if v is not None), key=lambda i: -(alone[i] or 0.0))  # likeliest first
+    if not (ids := together(lambda r: estimate((), r), tuple(order), band)):
+        return None
+    est = estimate((), ids)
+    if est.change_pct is None or est.change_pct >= band or method.ran(est.config):
+        return None
+    why = (f"without {' + '.join(ids)}: adopted in a combined step, never measured alone, the twin's word alone keeps "
+           f"{'them' if len(ids) > 1 else 'it'} (inside the {band:.1f}% band): one launch checks the twin ({est.note})")  # fmt: skip
+    return (), ids, why

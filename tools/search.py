@@ -20,9 +20,10 @@ no effect where the twin said +16% carries that into every later combination tha
   without it is predicted beyond the noise band (at most REVERTS launches per item);
 - leave-one-out probes of a combined step that fell short of its prediction (tools/probes.py);
 - the checks of the twin's word alone, when nothing else is left and every tier is open (tools/probes.py): the items
-  it recorded `predicted` inside the band that the plan does not agree on, launched together once (doubted); then
-  the best configuration's riders, members of an adopted combined step never measured alone, taken back together
-  once (riders).
+  it recorded `predicted` inside the band that the plan does not agree on, launched together once (doubted); then,
+  where the best is a revert of several items measured beyond its prediction, all it took back but the one the
+  measurements blame put back once (put_back); then the best configuration's riders, members of an adopted combined
+  step never measured alone, taken back together once (riders).
 
 They are ranked by predicted gain; an item whose flags the twin does not model is ranked by the plan's expected
 impact instead (and says so). A candidate is launched only when its predicted gain beats the noise band (a probe:
@@ -52,7 +53,7 @@ from tools.method.answers import Decision
 from tools.method.moves import promising, revert_text
 from tools.method.reading import Method
 from tools.method.step import SEARCH_KINDS, Step, searchable  # noqa: F401 (the method's, re-exported)
-from tools.probes import checked, doubted, launches, missed, own_launches, probes_spent, revert_launches, suspects
+from tools.probes import checked, launches, missed, own_launches, probes_spent, revert_launches, suspects
 
 MEMBER_MIN_PCT = 1.0  # each item of a combined step adds at least this much (predicted) given the others
 TRIPLE_SEEDS = 4  # the best pairs grow into triples
@@ -577,24 +578,21 @@ def ranked_steps(method: Method, d: Decision, validate) -> list[Step]:
 
 
 def _end_checks(method: Method, sur: Surrogate, again: list[m.PlanItem], band: float) -> list[Step]:
-    """With nothing else left, one launch checks the twin (tools/probes.py): on the items it settled unmeasured
-    inside the band (added together), else on the best configuration's riders (taken back together)."""
-    if (ids := probes.together(sur.estimate, doubted(method, again, band), band)) and not measured(
-        method, (est := sur.estimate(ids)).config
-    ):
-        why = (f"{' + '.join(ids)}: the twin settled {'each' if len(ids) > 1 else 'it'} unmeasured, inside the "
-               f"{band:.1f}% band; {probes.disagreement(method, ids)}: one launch checks the twin ({est.note})")  # fmt: skip
-        return [Step("launch", ids, why, Candidate(ids, est, "combined" if len(ids) > 1 else "single", {}, why))]
-    alone = {i: sur.estimate((), (i,)).change_pct for i in probes.riders(method)}
-    order = sorted((i for i, v in alone.items() if v is not None), key=lambda i: -(alone[i] or 0.0))  # likeliest first
-    if not (ids := probes.together(lambda r: sur.estimate((), r), tuple(order), band)):
+    """With nothing else left, one launch checks the twin's word alone (tools/probes.py: end_check)."""
+
+    def blame(i: str) -> tuple[float, float]:  # the corrected change of putting a reverted item back alone
+        est = sur.estimate((i,))
+        return est.change_pct if est.change_pct is not None else float("inf"), est.sd_pct or 0.0
+
+    check = probes.end_check(method, sur.estimate, blame, again, band)
+    if check is None:
         return []
-    est = sur.estimate((), ids)
-    if est.change_pct is None or est.change_pct >= band or measured(method, est.config):
-        return []
-    why = (f"without {' + '.join(ids)}: adopted in a combined step, never measured alone, the twin's word alone keeps "
-           f"{'them' if len(ids) > 1 else 'it'} (inside the {band:.1f}% band): one launch checks the twin ({est.note})")  # fmt: skip
-    return [Step("launch", (), why, Candidate((), est, "revert", {}, why, reverts=ids), ids)]
+    items, reverts, why = check
+    est = sur.estimate(items, reverts)
+    kind: Literal["single", "combined", "retest", "revert"] = (
+        "revert" if reverts else "combined" if len(items) > 1 else "single"
+    )
+    return [Step("launch", items, why, Candidate(items, est, kind, {}, why, reverts=reverts), reverts)]
 
 
 def _predicted_reason(method: Method, validate, item: m.PlanItem, est: Estimate, band: float) -> str:
