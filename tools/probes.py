@@ -123,12 +123,15 @@ def revert_launches(method: Method, item_id: str) -> int:
 def riders(method: Method) -> tuple[str, ...]:
     """The best configuration's riders (the module docstring), in plan order: each came in with an adopted step of
     several plan items, was never launched alone, and no launch after that step left it out (a probe, a revert).
-    None once a launch took adopted items back from the best configuration as it is (one check per best)."""
+    None once a launch that took adopted items back from the best configuration as it is measured as the twin said
+    (one check per best, unless it showed the twin wrong about what it took back: the others are checked then)."""
     best = method.best()
+    band = method.band_pct()
     if best is None or any(
         (x.id or 0) > (best.id or 0) and x.reverts and not x.plan_items and _launched(method, x)
+        and not off_prediction(method, x, band)
         for x in method.experiments
-    ):
+    ):  # fmt: skip
         return ()
     out = []
     for item_id in method.active_items():
@@ -163,16 +166,20 @@ def twin_off(method: Method, band: float) -> bool:
     """Whether a change measured on the plan's workload in this campaign differs from the prediction made before its
     launch by more than the band (`band`, in %): the twin has been wrong on this target, and what it settled
     unmeasured is doubted even where the plan agrees."""
-    key = method.plan.workload.workload_key()
-    for e in method.experiments:
-        if e.kind != "change" or e.predicted_change_pct is None or e.workload.workload_key() != key:
-            continue
-        if e.verdict not in ("adopted", "no_gain", "regressed", "superseded"):
-            continue
-        got = method.judge(e).change_pct
-        if got is not None and abs(got - e.predicted_change_pct) > band:
-            return True
-    return False
+    return any(off_prediction(method, e, band) for e in method.experiments)
+
+
+def off_prediction(method: Method, e: m.Experiment, band: float) -> bool:
+    """Whether change `e`, judged on the plan's workload, measured off the prediction made before its launch by more
+    than the band (`band`, in %)."""
+    if e.kind != "change" or e.predicted_change_pct is None:
+        return False
+    if e.verdict not in ("adopted", "no_gain", "regressed", "superseded"):
+        return False
+    if e.workload.workload_key() != method.plan.workload.workload_key():
+        return False
+    got = method.judge(e).change_pct
+    return got is not None and abs(got - e.predicted_change_pct) > band
 
 
 def doubted(method: Method, items: list[m.PlanItem], band: float) -> tuple[str, ...]:
@@ -295,6 +302,8 @@ def end_check(
     order = sorted((i for i, v in alone.items() if v is not None), key=lambda i: -(alone[i] or 0.0))  # likeliest first
     if not (ids := together(lambda r: estimate((), r), tuple(order), band)):
         return None
+    if twin_off(method, band):  # the twin's word that the others add little is no longer taken: one at a time
+        ids = ids[:1]
     est = estimate((), ids)
     if est.change_pct is None or est.change_pct >= band or method.ran(est.config):
         return None
