@@ -30,7 +30,10 @@ now predicts inside the band of the best without them are taken back together, o
 nothing else is left (after the check above), the likeliest to pay first (the best corrected change without it),
 joined by the next while the twin's prediction of the best without them all stays above a loss of the band:
 measured as the twin says, they stay (a no gain); beyond the band, the best is rebuilt without them (a revert
-adopted like any change, and the best's riders are checked again).
+adopted like any change, and the best's riders are checked again). Once the twin has missed on this target
+(`twin_off`), its word that the others add little no longer groups them: one rider per launch, and the checks go on
+on the same best after one that measured off its prediction, and after one measured as the twin said only with the
+riders the measurements now lean to taking back (a corrected change without it above zero).
 
 A revert of several items measured beyond its prediction by more than the band says the twin had one of them wrong,
 not which: the measurement is of the sum again, and an item whose removal the twin put at little may have gained
@@ -122,16 +125,8 @@ def revert_launches(method: Method, item_id: str) -> int:
 
 def riders(method: Method) -> tuple[str, ...]:
     """The best configuration's riders (the module docstring), in plan order: each came in with an adopted step of
-    several plan items, was never launched alone, and no launch after that step left it out (a probe, a revert).
-    None once a launch that took adopted items back from the best configuration as it is measured as the twin said
-    (one check per best, unless it showed the twin wrong about what it took back: the others are checked then)."""
-    best = method.best()
-    band = method.band_pct()
-    if best is None or any(
-        (x.id or 0) > (best.id or 0) and x.reverts and not x.plan_items and _launched(method, x)
-        and not off_prediction(method, x, band)
-        for x in method.experiments
-    ):  # fmt: skip
+    several plan items, was never launched alone, and no launch after that step left it out (a probe, a revert)."""
+    if method.best() is None:
         return ()
     out = []
     for item_id in method.active_items():
@@ -147,6 +142,17 @@ def riders(method: Method) -> tuple[str, ...]:
         if not left_out:
             out.append(item_id)
     return tuple(i for i in method.plan.item_ids() if i in out)
+
+
+def checked_as_said(method: Method, band: float) -> bool:
+    """Whether a launch took adopted items back from the best configuration as it is and measured as the twin said
+    (within the band, `band` in %): the riders' checks end there (end_check)."""
+    best = method.best()
+    return best is not None and any(
+        (x.id or 0) > (best.id or 0) and x.reverts and not x.plan_items and _launched(method, x)
+        and not off_prediction(method, x, band)
+        for x in method.experiments
+    )  # fmt: skip
 
 
 def together(estimate: Callable[[tuple[str, ...]], Any], ids: tuple[str, ...], band: float) -> tuple[str, ...]:
@@ -298,11 +304,16 @@ def end_check(
                f"and measured {got:+.1f}% against {said:+.1f}% predicted, so the twin had one of them wrong; {who}: "
                f"one launch tells whether {' + '.join(ids)} paid ({est.note})")  # fmt: skip
         return ids, (), why
+    off, ended = twin_off(method, band), checked_as_said(method, band)
+    if ended and not off:  # one check per best where the twin has been right here
+        return None
     alone = {i: estimate((), (i,)).change_pct for i in riders(method)}
     order = sorted((i for i, v in alone.items() if v is not None), key=lambda i: -(alone[i] or 0.0))  # likeliest first
+    if ended:  # after a check measured as the twin said, only the riders the measurements lean to taking back
+        order = [i for i in order if (alone[i] or 0.0) > 0]
     if not (ids := together(lambda r: estimate((), r), tuple(order), band)):
         return None
-    if twin_off(method, band):  # the twin's word that the others add little is no longer taken: one at a time
+    if off:  # the twin's word that the others add little is no longer taken: one at a time
         ids = ids[:1]
     est = estimate((), ids)
     if est.change_pct is None or est.change_pct >= band or method.ran(est.config):
