@@ -197,12 +197,29 @@ def _peer_row(name: str, peer: str, runs: list[list[float]], best: float) -> str
             + f" | {final:.4f} |")  # fmt: skip
 
 
+def _reached(r: dict, best: float) -> int | None:
+    """The launches a campaign of pivot's had spent when its best configuration first reached TARGET of `best`
+    (benchmarks/search_eval.py's trail; a record without one: its final launches, if its final best reached it)."""
+    if "trail" not in r:
+        return r["launches"] if r["final_tok_s"] / best >= TARGET else None
+    return next((n for n, tok in r["trail"] if tok / best >= TARGET), None)
+
+
+def _score_at(mine: list[dict], budget: int, best: float) -> str:
+    """pivot's mean score at a budget from its campaigns' trails: the best it held after its last launch within the
+    budget (the baseline's alone below its two runs); blank without trails."""
+    if not mine or any("trail" not in r for r in mine):
+        return ""
+    held = [([tok for n, tok in r["trail"] if n <= budget] or [r["trail"][0][1]])[-1] for r in mine]
+    return f"{statistics.mean(tok / best for tok in held):.4f}"
+
+
 def _pivot_row(name: str, mine: list[dict], best: float) -> str:
     """pivot's row: launches to the target from its unbounded campaigns; its score at each budget from the campaign
     run under that budget (or the unbounded one, where it needed no more)."""
     free = [r for r in mine if r.get("budget") is None]
     ratios = [r["final_tok_s"] / best for r in free]
-    reached = [r["launches"] for r in free if r["final_tok_s"] / best >= TARGET]
+    reached = [n for r in free if (n := _reached(r, best)) is not None]
     worst = "-" if len(reached) < len(free) else str(max(reached))
     mean = f"{statistics.mean(reached):.1f}" if reached else "-"
     at = []
@@ -276,11 +293,12 @@ def main(argv: list[str] | None = None) -> int:
                 and r.get("search") in (True, "twin")]  # the twin-guided search's rows, not greedy's  # fmt: skip
         if mine:
             ratios = [r["final_tok_s"] / grid["best_tok_s"] for r in mine]
-            reached = [r["launches"] for r in mine if r["final_tok_s"] / grid["best_tok_s"] >= TARGET]
+            reached = [n for r in mine if (n := _reached(r, grid["best_tok_s"])) is not None]
             worst = "-" if len(reached) < len(mine) else str(max(reached))
             mean = f"{statistics.mean(reached):.1f}" if reached else "-"
+            at = [_score_at(mine, b, grid["best_tok_s"]) for b in BUDGETS]
             print(f"| {name} | pivot (twin search, through the method) | {len(mine)} | {mean} ({worst}) | "
-                  + " | ".join("" for _ in BUDGETS) + f" | {statistics.mean(ratios):.4f} |")  # fmt: skip
+                  + " | ".join(at) + f" | {statistics.mean(ratios):.4f} |")  # fmt: skip
         for peer, order in peers.items():
             runs = [run(grid, order, seed, args.noise, args.budget) for seed in range(1, args.seeds + 1)]
             print(_peer_row(name, peer, runs, grid["best_tok_s"]))

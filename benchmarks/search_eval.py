@@ -202,6 +202,7 @@ def campaign(args: tuple) -> dict:
             false_adopt += e.verdict == "adopted" and change < floor
             false_regress += e.verdict == "regressed" and change > -floor
     steps = [_step(plan, method, e, truth) for e in method.experiments]
+    trail = _trail(plan, method, truth)
     best = method.best()
     final = true_tok(plan, best.config if best is not None else plan.target.base_config(), truth)
     print(
@@ -231,7 +232,24 @@ def campaign(args: tuple) -> dict:
         "error": error[:300],
         "seconds": round(time.monotonic() - started, 1),
         "steps": steps,
+        "trail": trail,
     }
+
+
+def _trail(plan: m.Plan, method: Any, truth: str | None) -> list[tuple[int, float]]:
+    """(launches so far, the truth's output tok/s of the best configuration so far) after each launch, in the
+    ledger's order: when the campaign first held a configuration worth a share of the grid's best, and its score at
+    any budget (what a campaign cut there would have kept)."""
+    out: list[tuple[int, float]] = []
+    n, tok = 0, true_tok(plan, plan.target.base_config(), truth)
+    for e in method.experiments:
+        if (k := launched(method, e)) == 0:
+            continue
+        n += k
+        if e.kind == "change" and e.verdict == "adopted":
+            tok = true_tok(plan, e.config, truth)
+        out.append((n, tok))
+    return out
 
 
 def _step(plan: m.Plan, method, e: m.Experiment, truth: str | None = None) -> str:

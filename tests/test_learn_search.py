@@ -467,3 +467,38 @@ def test_once_the_twin_has_missed_here_riders_are_checked_one_at_a_time_and_agai
         assert said == expected, said
         assert WHY[-1].startswith(f"without {said[-1][1][0]}: adopted in a combined step, never measured alone"), WHY
         assert Method.read(store, s.id).active_items() == ["01", "02", "08" if eight > 1 else "03"]
+
+
+def test_a_no_gain_the_twins_word_decided_is_checked_again_once_the_twin_has_missed_here(
+    store, paths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """08 (the twin: no effect) measured +2.5% on one run: no gain at once, read with the twin's +0%. Then 07 measures
+    +43% where the twin said +30%: the twin is off here, so 08 is launched once more, on the new best (+8% there,
+    adopted). Where 07 measures as the twin says, the no gain stands and nothing more is launched."""
+    plan = _neutral_08(monkeypatch, "+0-1% output tok/s.")
+    for seven, found in ((1.10, True), (1.0, False)):
+        s = session_for(store, paths, plan)
+        base = baseline(store, s)
+
+        def truth(c: m.ServerConfig, seven: float = seven) -> float:
+            f = str(c)
+            return fake_tok(c) * (seven if "--tp-size 2" in f else 1.0) * (1.08 if "--disable-overlap" in f else 1.0)
+
+        for item_id, value in (("08", 1025.0), ("07", None)):
+            method = Method.read(store, s.id)
+            best = method.best() or base
+            config = plan.item(item_id).apply(best.config)
+            fields = search.record_fields(method, [item_id], config=config)
+            e = add(store, s, [item_id], config, best, **fields)
+            e = measure(store, s, e, value or truth(config))
+            while (j := Method.read(store, s.id).judge(e)).suggestion == "rerun":
+                e = measure(store, s, e, truth(config))
+            store.update_experiment(e.model_copy(update={"verdict": j.suggestion, "reason": j.text}))
+            assert j.suggestion == ("no_gain" if item_id == "08" else "adopted"), j.text
+        method = Method.read(store, s.id)
+        assert probes.twin_off(method, method.band_pct()) is found
+        done = _campaign(store, s, truth)
+        said = [(e.plan_items, e.verdict) for e in done]
+        assert said == ([(["08"], "adopted")] if found else []), said
+        if found:
+            assert WHY[-1].startswith("08: judged no gain on one run where the twin predicted a change inside the"), WHY

@@ -42,6 +42,11 @@ back but the one blamed are put back together, once, before the riders of the ne
 blamed is the one whose putting back alone the corrected twin predicts costs most, where it tells them apart by more
 than its uncertainty, else the first the revert took back (the riders' check takes the likeliest to pay first).
 Measured as the twin says, they stay out; beyond the band, they are adopted.
+
+A verdict can lean on the twin's word too: a change the twin predicted inside the band whose one run measured inside
+it is no gain at once, read with the prediction (crosstier R1: 02+06, truly +3.1%, measured +2.7% on one run, judged
++0.0%). Once the twin has missed on this target, such changes whose run measured above their prediction are launched
+again together, once, on the best as it is then, when nothing else is left (`leaned`, after the items in doubt).
 """
 
 from __future__ import annotations
@@ -209,6 +214,22 @@ def doubted(method: Method, items: list[m.PlanItem], band: float) -> tuple[str, 
     return tuple(i for i in method.plan.item_ids() if i in out)
 
 
+def leaned(method: Method, items: list[m.PlanItem], band: float) -> tuple[str, ...]:
+    """The items whose one launch was judged no gain on one run that measured above the twin's prediction inside the
+    band (`band`, in %), once the twin has missed on this target (`twin_off`): a verdict that leaned on the twin's
+    word (one run, read with the twin's prediction), checked once more on the best as it is now; in plan order."""
+    out = []
+    for item in items:
+        final = method.final(item)
+        last = final[-1] if final else None
+        if last is None or last.verdict != "no_gain" or launches(method, item.id) != 1 or method.run_count(last) != 1:
+            continue
+        p = last.predicted_change_pct
+        if p is not None and -band < p < band and (method.judge(last).change_pct or 0.0) > p:
+            out.append(item.id)  # measured above the prediction: the twin's word pulled the verdict down
+    return tuple(i for i in method.plan.item_ids() if i in out) if out and twin_off(method, band) else ()
+
+
 def disagreement(method: Method, ids: tuple[str, ...]) -> str:
     """What the plan says of the items in doubt `ids`, for a launch's reason: "the plan expects more", or, where an
     item has no number for the session's objective, which items the plan leaves open."""
@@ -295,6 +316,11 @@ def end_check(
             why = (f"{' + '.join(ids)}: the twin settled {'each' if len(ids) > 1 else 'it'} unmeasured, inside the "
                    f"{band:.1f}% band; {disagreement(method, ids)}: one launch checks the twin ({est.note})")  # fmt: skip
             return ids, (), why
+    if (ids := together(estimate, leaned(method, again, band), band)) and not method.ran((est := estimate(ids)).config):
+        why = (f"{' + '.join(ids)}: judged no gain on one run where the twin predicted a change inside the {band:.1f}% "
+               f"band, and the twin has since been off by more than the band on this target: one launch checks "
+               f"{'them' if len(ids) > 1 else 'it'} on the best now ({est.note})")  # fmt: skip
+        return ids, (), why
     if (ids := put_back(method, blame)) and not method.ran((est := estimate(ids)).config) and (best := method.best()):
         got, said = method.judge(best).change_pct or 0.0, best.predicted_change_pct or 0.0
         culprit, told = blamed([i for i in best.reverts if i in method.plan.item_ids()], blame)
