@@ -307,8 +307,9 @@ def end_check(
     band: float,
 ) -> tuple[tuple[str, ...], tuple[str, ...], str] | None:
     """With nothing else left, the one launch that checks the twin's word alone (the module docstring), as (items,
-    reverts, why): the items in doubt added together; else what a revert of several took back put back; else the
-    best's riders taken back together. None when there is none, or its configuration was measured. `estimate`:
+    reverts, why): the items in doubt added together; else the changes whose no gain leaned on the twin, again; else
+    what a revert of several took back put back; else the best's riders taken back (together, or one at a time once
+    the twin has missed here). None when there is none, or its configuration was measured. `estimate`:
     (items, reverts) -> the search's corrected Estimate; `blame`: see put_back."""
     if ids := together(estimate, doubted(method, again, band), band):
         est = estimate(ids)
