@@ -83,17 +83,23 @@ def missed(method: Method) -> list[tuple[m.Experiment, float, float]]:
     return out
 
 
+def miss(method: Method, e: m.Experiment) -> float | None:
+    """How far change `e`, judged on the plan's workload, measured from the prediction made before its launch
+    (points, measured less predicted); None for a change without a prediction or a judged measurement."""
+    if e.kind != "change" or e.predicted_change_pct is None:
+        return None
+    if e.verdict not in ("adopted", "no_gain", "regressed", "superseded"):
+        return None
+    if e.workload.workload_key() != method.plan.workload.workload_key():
+        return None
+    got = method.judge(e).change_pct
+    return got - e.predicted_change_pct if got is not None else None
+
+
 def fell_short(method: Method, e: m.Experiment) -> bool:
     """Whether a judged change on the plan's workload measured below the prediction made before its launch by more
     than the noise band."""
-    if e.kind != "change" or e.predicted_change_pct is None:
-        return False
-    if e.verdict not in ("adopted", "no_gain", "regressed", "superseded"):
-        return False
-    if e.workload.workload_key() != method.plan.workload.workload_key():
-        return False
-    j = method.judge(e)
-    return j.change_pct is not None and j.change_pct < e.predicted_change_pct - method.band_pct()
+    return (d := miss(method, e)) is not None and d < -method.band_pct()
 
 
 def suspects(method: Method) -> set[str]:
@@ -183,14 +189,7 @@ def twin_off(method: Method, band: float) -> bool:
 def off_prediction(method: Method, e: m.Experiment, band: float) -> bool:
     """Whether change `e`, judged on the plan's workload, measured off the prediction made before its launch by more
     than the band (`band`, in %)."""
-    if e.kind != "change" or e.predicted_change_pct is None:
-        return False
-    if e.verdict not in ("adopted", "no_gain", "regressed", "superseded"):
-        return False
-    if e.workload.workload_key() != method.plan.workload.workload_key():
-        return False
-    got = method.judge(e).change_pct
-    return got is not None and abs(got - e.predicted_change_pct) > band
+    return (d := miss(method, e)) is not None and abs(d) > band
 
 
 def doubted(method: Method, items: list[m.PlanItem], band: float) -> tuple[str, ...]:
@@ -277,8 +276,7 @@ def put_back(method: Method, blame: Callable[[str], tuple[float, float]]) -> tup
     best = method.best()
     if best is None or best.plan_items or len(best.reverts) < 2 or best.predicted_change_pct is None:
         return ()
-    got = method.judge(best).change_pct
-    if got is None or got - best.predicted_change_pct <= method.band_pct():
+    if (d := miss(method, best)) is None or d <= method.band_pct():
         return ()
     taken = [i for i in best.reverts if i in method.plan.item_ids()]
     if len(taken) < 2:

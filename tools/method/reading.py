@@ -25,9 +25,9 @@ read the ledger through this one module, so an LLM and the built-in policy are h
 - a surprise is confirmed before its verdict: with the search on, a measured change that differs from the prediction
   made before its launch by more than the band (the twin is wrong about it, or the runs were unlucky) and calls for
   another verdict than the prediction does (one is beyond the band where the other is not) is rerun until it has
-  SURPRISE_RUNS runs before it is adopted or called a regression; predicted +8.6% and measured +12.8%, both say
-  adopt, and a gain's usual second run confirms it (two runs for a loss the twin did not predict called three false
-  regressions in 140 campaigns of the wrong-twin table: they stay three);
+  SURPRISE_RUNS runs before it is adopted or called a regression (a loss too: with two, three false regressions
+  appeared in 140 wrong-twin campaigns); predicted +8.6% and measured +12.8% both say adopt, and a gain's usual
+  second run confirms it;
 - with the search on, a loss is called a regression only when its (judged) mean is beyond the band by its standard
   error (the pooled run-to-run noise over its runs and its base's): a loss just past the band that the noise can
   explain is no gain, not a claim that the change hurts, whether the twin predicted it or not (a rider taken back,
@@ -475,11 +475,6 @@ class Method:
         se = se * (1 - weight) ** 0.5 if se is not None else None
         return se if se is not None and abs(judged - band) < se else None
 
-    def _surprise_runs(self, p: float, change: float, band: float) -> int:
-        """The runs a surprise needs before its verdict (see the module docstring): SURPRISE_RUNS where the
-        prediction `p` calls for another verdict, else none beyond the usual."""
-        return SURPRISE_RUNS if _flips(p, change, band) else 0
-
     def _suggest(
         self, change: float, band: float, runs: int, moved: bool, surprise: int = 0, agreed: bool = False
     ) -> Suggestion:
@@ -633,7 +628,7 @@ class Method:
         surprise = self._surprise(e, change, band)
         p_pct = e.predicted_change_pct if e.predicted_change_pct is not None else float("nan")
         agreed = self.settings.search and not surprise and not e.not_modelled and p_pct < band
-        need = self._surprise_runs(p_pct, judged, band) if surprise else 0
+        need = SURPRISE_RUNS if surprise and _flips(p_pct, judged, band) else 0  # else none beyond the usual
         suggestion = self._suggest(judged, band, len(runs), moved, need, agreed)
         if suggestion == "regressed" and agreed and -band < p_pct and len(runs) < 2:
             suggestion = "rerun"  # the twin put it inside the band and one run beyond: a second run confirms the loss
