@@ -353,7 +353,12 @@ def without_expectations(paths: list[Path]) -> list[Path]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--plans", nargs="*", help="Plan files (default: benchmarks/search_plans/*.toml).")
-    ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="Of exact, s1 to s7 (comma-separated).")
+    ap.add_argument(
+        "--scenarios",
+        default=",".join(SCENARIOS),
+        help="Of exact, s1 to s7 and rK, the K-th random "
+        "truth (comma-separated): r4,r5 runs truths --random 3 does not, a held-out set.",
+    )
     ap.add_argument("--random", type=int, default=0, metavar="N", help="Also N random truths per plan (r1 to rN).")
     ap.add_argument("--truth", nargs="*", help="Truth files to run instead of the generated scenarios.")
     ap.add_argument("--seeds", type=int, default=5, help="Seeds of the noisy campaigns.")
@@ -371,8 +376,8 @@ def main() -> None:
         cases = [(p, Path(t).stem, str(Path(t).absolute())) for p in paths for t in opts.truth]
     else:
         scenarios = [s.strip() for s in opts.scenarios.split(",") if s.strip()]
-        scenarios += [f"r{k}" for k in range(1, opts.random + 1)]
-        unknown = sorted(set(scenarios) - set(SCENARIOS) - {f"r{k}" for k in range(1, opts.random + 1)})
+        scenarios += [f"r{k}" for k in range(1, opts.random + 1) if f"r{k}" not in scenarios]
+        unknown = sorted(s for s in set(scenarios) - set(SCENARIOS) if not re.fullmatch(r"r[1-9][0-9]*", s))
         if unknown:
             ap.error(f"unknown scenarios {', '.join(unknown)} (of {', '.join(SCENARIOS)})")
         cases = write_truths(paths, scenarios)
