@@ -502,3 +502,31 @@ def test_a_no_gain_the_twins_word_decided_is_checked_again_once_the_twin_has_mis
         assert said == ([(["08"], "adopted")] if found else []), said
         if found:
             assert WHY[-1].startswith("08: judged no gain on one run where the twin predicted a change inside the"), WHY
+
+
+def test_an_item_never_measured_alone_is_isolated_where_the_corrected_twin_still_gives_it_a_credible_gain(
+    store, paths, fake_twin
+) -> None:
+    """03+04 (the twin: +4.8%) is launched together; on the target 03 gains 5% more than the twin says and 04 costs
+    10%, so the pair measures -1.0%: no gain, and neither member alone is worth a probe by the twin's word (+2.1%,
+    +2.0%) nor by the leave-one-out's reading. The twin has missed here, so a member launched only inside that bundle
+    is launched alone where the corrected model still gives it a credible gain: 03 alone pays +7.2%, adopted, and
+    04 is then read as the cost and left."""
+    s = session_for(store, paths, make_plan(["03", "04"]))
+    base = baseline(store, s)
+
+    def truth(c: m.ServerConfig) -> float:
+        f = str(c)
+        return fake_tok(c) * (1.05 if "--schedule-cons" in f else 1.0) * (0.90 if "--chunked-prefill" in f else 1.0)
+
+    config = s.plan.item("04").apply(s.plan.item("03").apply(base.config))
+    fields = search.record_fields(Method.read(store, s.id), ["03", "04"], config=config)
+    e = measure(store, s, add(store, s, ["03", "04"], config, base, **fields), *[truth(config)] * 2)
+    store.update_experiment(e.model_copy(update={"verdict": "no_gain", "reason": "no gain"}))
+    method = Method.read(store, s.id)
+    assert probes.twin_off(method, method.band_pct()) and probes.unisolated(method, s.plan.items) == ("03", "04")
+    done = _campaign(store, s, truth)
+    said = [(e.plan_items, e.verdict) for e in done]
+    assert said == [(["03"], "adopted")], said
+    assert WHY[0].startswith("03: launched only inside combined steps, its own effect never isolated"), WHY
+    assert Method.read(store, s.id).active_items() == ["03"]

@@ -47,6 +47,13 @@ A verdict can lean on the twin's word too: a change the twin predicted inside th
 it is no gain at once, read with the prediction (crosstier R1: 02+06, truly +3.1%, measured +2.7% on one run, judged
 +0.0%). Once the twin has missed on this target, such changes whose run measured above their prediction are launched
 again together, once, on the best as it is then, when nothing else is left (`leaned`, after the items in doubt).
+
+The last way is about what a bundle hides: a member of a combined step that fell short has its own effect judged
+with the other members' (crosstier R3: the FP8 KV cache gains 4.6% alone, the twin says +0.3%, and every launch of
+it held a member that cost 4-5%), and where the leave-one-out's reading does not point at it, nothing would launch it
+alone. So one member of each such step, not in the best and never launched alone, is launched alone where the
+corrected model still gives it a credible gain on the best (its one-sided 95% upper bound clears the band:
+`unisolated`, `credible`), the highest bound first; its measurement then teaches the model the rest.
 """
 
 from __future__ import annotations
@@ -229,6 +236,36 @@ def leaned(method: Method, items: list[m.PlanItem], band: float) -> tuple[str, .
     return tuple(i for i in method.plan.item_ids() if i in out) if out and twin_off(method, band) else ()
 
 
+Z_CREDIBLE = 1.645  # a gain is credible where its one-sided 95% upper bound clears the band
+
+
+def unisolated(method: Method, items: list[m.PlanItem]) -> tuple[str, ...]:
+    """The members of combined steps that fell short of their prediction (`missed`) whose own effect was never
+    isolated (each launch of theirs judged with other members), not in the best configuration, of the steps none of
+    whose members has been launched alone since (one isolation per missed step); in plan order. The caller launches
+    one alone where the corrected model still gives it a credible gain (`credible`)."""
+    active, ids = set(method.active_items()), {it.id for it in items}
+    out = set()
+    for e, _, _ in missed(method):
+        after = [x for x in method.experiments if (x.id or 0) > (e.id or 0) and _launched(method, x) and not x.reverts]
+        if any(len(x.plan_items) == 1 and x.plan_items[0] in e.plan_items for x in after):
+            continue  # a member isolated since: the step's one isolation is spent
+        out |= {i for i in e.plan_items if i in ids and i not in active and own_launches(method, i) == 0}
+    return tuple(i for i in method.plan.item_ids() if i in out and item_changes(method, method.plan.item(i)))
+
+
+def item_changes(method: Method, item: m.PlanItem) -> bool:
+    """Whether applying `item` changes the best configuration."""
+    best = method.best_config()
+    return item.apply(best) != best
+
+
+def credible(change_pct: float | None, sd_pct: float | None, band: float) -> bool:
+    """Whether a corrected change with its sd (%) may still clear the band (`band`, in %): its one-sided 95% upper
+    bound does."""
+    return change_pct is not None and change_pct + Z_CREDIBLE * (sd_pct or 0.0) >= band
+
+
 def disagreement(method: Method, ids: tuple[str, ...]) -> str:
     """What the plan says of the items in doubt `ids`, for a launch's reason: "the plan expects more", or, where an
     item has no number for the session's objective, which items the plan leaves open."""
@@ -306,8 +343,8 @@ def end_check(
 ) -> tuple[tuple[str, ...], tuple[str, ...], str] | None:
     """With nothing else left, the one launch that checks the twin's word alone (the module docstring), as (items,
     reverts, why): the items in doubt added together; else the changes whose no gain leaned on the twin, again; else
-    what a revert of several took back put back; else the best's riders taken back (together, or one at a time once
-    the twin has missed here). None when there is none, or its configuration was measured. `estimate`:
+    what a revert of several took back put back; else an item never launched alone, alone; else the best's riders
+    taken back (together, or one at a time once the twin has missed here). None when there is none, or its configuration was measured. `estimate`:
     (items, reverts) -> the search's corrected Estimate; `blame`: see put_back."""
     if ids := together(estimate, doubted(method, again, band), band):
         est = estimate(ids)
@@ -329,6 +366,17 @@ def end_check(
                f"and measured {got:+.1f}% against {said:+.1f}% predicted, so the twin had one of them wrong; {who}: "
                f"one launch tells whether {' + '.join(ids)} paid ({est.note})")  # fmt: skip
         return ids, (), why
+    bound = {
+        i: (e.change_pct or 0.0) + Z_CREDIBLE * (e.sd_pct or 0.0)
+        for i in unisolated(method, again)
+        if (e := estimate((i,))).source == "twin" and not e.crash and credible(e.change_pct, e.sd_pct, band)
+    }
+    i = max(bound, key=lambda k: bound[k]) if bound else None
+    if i is not None and not method.ran((est := estimate((i,))).config):
+        why = (f"{i}: launched only inside combined steps, its own effect never isolated, and the twin has been off "
+               f"by more than the {band:.1f}% band on this target; the corrected model still gives it a credible "
+               f"gain alone (up to {bound[i]:+.1f}% at 95%): one launch isolates it ({est.note})")  # fmt: skip
+        return (i,), (), why
     off, ended = twin_off(method, band), checked_as_said(method, band)
     if ended and not off:  # one check per best where the twin has been right here
         return None
