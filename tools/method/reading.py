@@ -26,8 +26,8 @@ read the ledger through this one module, so an LLM and the built-in policy are h
   made before its launch by more than the band (the twin is wrong about it, or the runs were unlucky) and calls for
   another verdict than the prediction does (one is beyond the band where the other is not) is rerun until it has
   SURPRISE_RUNS runs before it is adopted or called a regression (a loss too: with two, three false regressions
-  appeared in 140 wrong-twin campaigns); predicted +8.6% and measured +12.8% both say adopt, and a gain's usual
-  second run confirms it;
+  appeared in 140 wrong-twin campaigns, near the band), but two for a loss CLEAR_SE standard errors past the band;
+  predicted +8.6% and measured +12.8% both say adopt, and a gain's usual second run confirms it;
 - with the search on, a loss is called a regression only when its (judged) mean is beyond the band by its standard
   error (the pooled run-to-run noise over its runs and its base's): a loss just past the band that the noise can
   explain is no gain, not a claim that the change hurts, whether the twin predicted it or not (a rider taken back,
@@ -65,6 +65,7 @@ from tools.method.words import _names, engine_words, not_measured_text, refused_
 
 HOST_MOVED_CORES = 0.5  # other processes' CPU use (cores) that differs this much between two runs is a moved host
 SURPRISE_RUNS = 3  # runs before a change that contradicts its prediction is judged (see the module docstring)
+CLEAR_SE, SD_FLOOR_PCT = 3.0, 1.0  # a surprising loss this many standard errors past the band needs two runs
 NEAR_BAND_RUNS = 4  # runs before a gain within its standard error of the band is judged (the module docstring)
 TWIN_MIN_PCT = 0.5  # the twin's own error on a change is never taken below this, whatever its record
 TWIN_RECORD = ("adopted", "no_gain", "regressed", "superseded")  # verdicts whose measured change is the twin's record
@@ -451,6 +452,12 @@ class Method:
         p = e.predicted_change_pct
         return self.settings.search and p is not None and not e.not_modelled and abs(change - p) > band
 
+    def _surprise_runs(self, e: m.Experiment, judged: float, band: float, runs: int, base_runs: int) -> int:
+        """The runs a surprise needs (the module docstring): two for a loss past the band by CLEAR_SE standard
+        errors (the noise taken at least SD_FLOOR_PCT), which only a broken run could explain; else SURPRISE_RUNS."""
+        sd = max(self.run_sd_pct(e.workload) or 0.0, SD_FLOOR_PCT) * (1 / max(runs, 1) + 1 / max(base_runs, 1)) ** 0.5
+        return 2 if judged <= -band - CLEAR_SE * sd else SURPRISE_RUNS
+
     def _unsure_loss(self, e: m.Experiment, judged: float, band: float, runs: int, base_runs: int) -> float | None:
         """The standard error of a surprising loss past the band that it does not clear (see the module docstring),
         else None."""
@@ -628,7 +635,8 @@ class Method:
         surprise = self._surprise(e, change, band)
         p_pct = e.predicted_change_pct if e.predicted_change_pct is not None else float("nan")
         agreed = self.settings.search and not surprise and not e.not_modelled and p_pct < band
-        need = SURPRISE_RUNS if surprise and _flips(p_pct, judged, band) else 0  # else none beyond the usual
+        flips = surprise and _flips(p_pct, judged, band)  # else no runs beyond the usual
+        need = self._surprise_runs(e, judged, band, len(runs), len(before_runs)) if flips else 0
         suggestion = self._suggest(judged, band, len(runs), moved, need, agreed)
         if suggestion == "regressed" and agreed and -band < p_pct and len(runs) < 2:
             suggestion = "rerun"  # the twin put it inside the band and one run beyond: a second run confirms the loss
