@@ -561,9 +561,14 @@ def test_once_the_twin_has_missed_here_the_items_in_doubt_are_checked_one_at_a_t
         return (fake_tok(c) * (1.10 if "--tp-size 2" in f else 1.0) * (1.06 if "--schedule-cons" in f else 1.0)
                 * (0.94 if "--disable-overlap" in f else 1.0))  # fmt: skip
 
-    done = _campaign(store, s, truth)
+    done = _campaign(store, s, truth, steps=3)
     said = [(e.plan_items, e.verdict) for e in done]
-    assert said[:3] == [(["07"], "adopted"), (["03"], "predicted"), (["08"], "predicted")], said
-    assert said[3:] == [(["03"], "adopted"), (["08"], "regressed")], said
+    assert said == [(["07"], "adopted"), (["03"], "predicted"), (["08"], "predicted")], said
+    method = Method.read(store, s.id)
+    step = search.next_step(method, decision(method), validate)
+    assert step is not None and step.items == ("03",), step
+    assert "08 in doubt too, checked after it one at a time: the twin has missed here" in step.reason, step.reason
+    said = [(e.plan_items, e.verdict) for e in _campaign(store, s, truth)]
+    assert said == [(["03"], "adopted"), (["08"], "regressed")], said
     assert WHY[-1].startswith("08: the twin settled it unmeasured") and "one launch checks the twin" in WHY[-1], WHY
     assert Method.read(store, s.id).active_items() == ["07", "03"]

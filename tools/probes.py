@@ -349,13 +349,16 @@ def end_check(
     what a revert of several took back put back; else an item never launched alone, alone; else the best's riders
     taken back (together, or one at a time once the twin has missed here). None when there is none, or its configuration was measured. `estimate`:
     (items, reverts) -> the search's corrected Estimate; `blame`: see put_back."""
-    if ids := together(estimate, doubted(method, again, band), band):
-        if twin_off(method, band):  # its word that the others add little no longer groups them: one at a time
-            ids = max(((i,) for i in ids), key=lambda one: estimate(one).change_pct or 0.0)
+    if group := together(estimate, doubted(method, again, band), band):
+        ids, rest = group, ""
+        if len(group) > 1 and twin_off(method, band):  # its word that the others add little no longer groups them
+            ids = max(((i,) for i in group), key=lambda one: estimate(one).change_pct or 0.0)  # likeliest to pay first
+            rest = (f"; {', '.join(i for i in group if i not in ids)} in doubt too, checked after it one at a time: "
+                    f"the twin has missed here, and together a gain and a loss would cancel")  # fmt: skip
         est = estimate(ids)
         if not method.ran(est.config):
             why = (f"{' + '.join(ids)}: the twin settled {'each' if len(ids) > 1 else 'it'} unmeasured, inside the "
-                   f"{band:.1f}% band; {disagreement(method, ids)}: one launch checks the twin ({est.note})")  # fmt: skip
+                   f"{band:.1f}% band; {disagreement(method, ids)}: one launch checks the twin ({est.note}){rest}")  # fmt: skip
             return ids, (), why
     if (ids := together(estimate, leaned(method, again, band), band)) and not method.ran((est := estimate(ids)).config):
         why = (f"{' + '.join(ids)}: judged no gain on one run where the twin predicted a change inside the {band:.1f}% "
