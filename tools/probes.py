@@ -21,8 +21,7 @@ and every tier is open (an item may pay only with another tier's: those combinat
 Measured as the twin says, they are settled by one launch (and stay candidates for the combinations they may pay in,
 as items the twin predicted do: `checked`); measured beyond the band, the bundle is adopted like any change (a
 surprise: confirmed on three runs); measured below, its members are taken apart like any missed step. Once the twin
-has clearly missed on this target (by more than the band and what the noise alone would put there: `twin_off`'s
-`clearly`), its word that each adds little no longer groups them: they are launched one at a time,
+has missed on this target, its word that each adds little no longer groups them: they are launched one at a time,
 the likeliest to pay first (together, a gain and a loss cancel: eval-llama70b-h200x1 R5, 02+06+07 measured -13.6%
 where 06 gains 3.5% and 07 costs 11.4%, and the twin's reading of the miss put no member above the band).
 
@@ -190,23 +189,11 @@ def together(estimate: Callable[[tuple[str, ...]], Any], ids: tuple[str, ...], b
     return out
 
 
-def twin_off(method: Method, band: float, clearly: bool = False) -> bool:
+def twin_off(method: Method, band: float) -> bool:
     """Whether a change measured on the plan's workload in this campaign differs from the prediction made before its
     launch by more than the band (`band`, in %): the twin has been wrong on this target, and what it settled
-    unmeasured is doubted even where the plan agrees. `clearly`: by more than the band and the change's standard
-    error (what the run-to-run noise alone would put there)."""
-    return any(
-        off_prediction(method, e, band + (standard_error(method, e) if clearly else 0.0)) for e in method.experiments
-    )
-
-
-def standard_error(method: Method, e: m.Experiment) -> float:
-    """The standard error of change `e`'s measured change, in points: the pooled run-to-run noise over its runs and
-    its base's (0 before any experiment ran twice, or noise-free)."""
-    base = method.experiment(e.base_experiment_id) if e.base_experiment_id is not None else None
-    runs, base_runs = method.run_count(e), method.run_count(base) if base is not None else 0
-    sd = method.run_sd_pct(e.workload)
-    return sd * (1 / runs + 1 / base_runs) ** 0.5 if sd and runs and base_runs else 0.0
+    unmeasured is doubted even where the plan agrees."""
+    return any(off_prediction(method, e, band) for e in method.experiments)
 
 
 def off_prediction(method: Method, e: m.Experiment, band: float) -> bool:
@@ -364,7 +351,7 @@ def end_check(
     (items, reverts) -> the search's corrected Estimate; `blame`: see put_back."""
     if group := together(estimate, doubted(method, again, band), band):
         ids, rest = group, ""
-        if len(group) > 1 and twin_off(method, band, clearly=True):  # its word that the others add little: not taken
+        if len(group) > 1 and twin_off(method, band):  # its word that the others add little no longer groups them
             ids = max(((i,) for i in group), key=lambda one: estimate(one).change_pct or 0.0)  # likeliest to pay first
             rest = (f"; {', '.join(i for i in group if i not in ids)} in doubt too, checked after it one at a time: "
                     f"the twin has missed here, and together a gain and a loss would cancel")  # fmt: skip
