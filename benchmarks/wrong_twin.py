@@ -356,8 +356,8 @@ def main() -> None:
     ap.add_argument(
         "--scenarios",
         default=",".join(SCENARIOS),
-        help="Of exact, s1 to s7 and rK, the K-th random "
-        "truth (comma-separated): r4,r5 runs truths --random 3 does not, a held-out set.",
+        help="Of exact, s1 to s7 and rK, the K-th random truth (comma-separated): r4,r5 runs truths --random 3 "
+        "does not, a held-out set.",
     )
     ap.add_argument("--random", type=int, default=0, metavar="N", help="Also N random truths per plan (r1 to rN).")
     ap.add_argument("--truth", nargs="*", help="Truth files to run instead of the generated scenarios.")

@@ -263,10 +263,10 @@ def item_changes(method: Method, item: m.PlanItem) -> bool:
     return item.apply(best) != best
 
 
-def credible(change_pct: float | None, sd_pct: float | None, band: float) -> bool:
-    """Whether a corrected change with its sd (%) may still clear the band (`band`, in %): its one-sided 95% upper
-    bound does."""
-    return change_pct is not None and change_pct + Z_CREDIBLE * (sd_pct or 0.0) >= band
+def credible(change_pct: float | None, sd_pct: float | None) -> float | None:
+    """The one-sided 95% upper bound of a corrected change with its sd (%): the gain is credible where it clears the
+    band; None without a change."""
+    return None if change_pct is None else change_pct + Z_CREDIBLE * (sd_pct or 0.0)
 
 
 def disagreement(method: Method, ids: tuple[str, ...]) -> str:
@@ -347,8 +347,9 @@ def end_check(
     """With nothing else left, the one launch that checks the twin's word alone (the module docstring), as (items,
     reverts, why): the items in doubt added together; else the changes whose no gain leaned on the twin, again; else
     what a revert of several took back put back; else an item never launched alone, alone; else the best's riders
-    taken back (together, or one at a time once the twin has missed here). None when there is none, or its configuration was measured. `estimate`:
-    (items, reverts) -> the search's corrected Estimate; `blame`: see put_back."""
+    taken back (together, or one at a time once the twin has missed here). None when there is none, or its
+    configuration was measured. `estimate`: (items, reverts) -> the search's corrected Estimate; `blame`: see
+    put_back."""
     if group := together(estimate, doubted(method, again, band), band):
         ids, rest = group, ""
         if len(group) > 1 and twin_off(method, band):  # its word that the others add little no longer groups them
@@ -375,10 +376,11 @@ def end_check(
                f"one launch tells whether {' + '.join(ids)} paid ({est.note})")  # fmt: skip
         return ids, (), why
     bound = {
-        i: (e.change_pct or 0.0) + Z_CREDIBLE * (e.sd_pct or 0.0)
+        i: up
         for i in unisolated(method, again)
-        if (e := estimate((i,))).source == "twin" and not e.crash and credible(e.change_pct, e.sd_pct, band)
-    }
+        if (e := estimate((i,))).source == "twin" and not e.crash and (up := credible(e.change_pct, e.sd_pct)) is not None
+        and up >= band
+    }  # fmt: skip
     i = max(bound, key=lambda k: bound[k]) if bound else None
     if i is not None and not method.ran((est := estimate((i,))).config):
         e, got, said = next(x for x in missed(method) if i in x[0].plan_items)

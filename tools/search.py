@@ -404,7 +404,7 @@ def pool(method: Method, d: Decision) -> tuple[list[m.PlanItem], list[m.PlanItem
             continue
         if own_launches(method, item.id) > RETESTS:  # retests by evidence: launches inside bundles do not count
             continue
-        if item.apply(method.best_config()) == method.best_config():
+        if not probes.item_changes(method, item):
             continue
         again.append(item)
     return fresh, again
