@@ -110,10 +110,11 @@ def test_a_step_of_two_runs_both_and_the_smaller_gain_is_superseded(store, paths
     assert any(len(step["experiments"]) == 2 for step in steps), steps
     by_verdict = {r[3]: r for r in rows}
     adopted, superseded = by_verdict["adopted"], by_verdict["superseded"]
-    # both were run on the same base, both twice (a gain is confirmed by a second run), and the larger one won
+    # both were run on the same base (each gain confirmed by a second run, unless it clears the band by CLEAR_SE
+    # standard errors as the twin predicted), and the larger one won
     a, s = method.experiment(adopted[0]), method.experiment(superseded[0])
     assert a is not None and s is not None and a.base_experiment_id == s.base_experiment_id
-    assert len(adopted[5]) == 2 and len(superseded[5]) == 2
+    assert len(adopted[5]) in (1, 2) and len(superseded[5]) in (1, 2)
     ja, js = method.judge(a), method.judge(s)
     assert (ja.change_pct or 0) >= (js.change_pct or 0) >= js.band_pct
     assert s.reason and "became the best" in s.reason and f"experiment {a.id}" in s.reason

@@ -18,6 +18,7 @@ from tests.test_search import FakePredictor, add, baseline, fake_tok, make_plan,
 from tools import experiments, probes, search
 from tools.method import Method, decision
 from tools.method.compute import _step_config
+from tools.method.judgement import runs_needed
 
 
 @pytest.fixture
@@ -144,6 +145,27 @@ def test_a_surprise_is_rerun_before_its_verdict(store, paths, fake_twin) -> None
     base2 = baseline(store, s2)
     e2 = measure(store, s2, add(store, s2, ["01", "02"], config, base2, **fields), 920.0)
     assert Method.read(store, s2.id).judge(e2).suggestion == "regressed"
+
+
+def test_a_clear_gain_the_twin_predicted_is_adopted_on_one_run(store, paths, fake_twin) -> None:
+    """A change predicted +16% that measures +17% on one run (past the 3% band by far more than three standard errors,
+    as the twin said) is adopted at once; one that measures +4% (near the band: a lucky run could explain it) or
+    +10% (off its prediction by more than the band: the twin is wrong about it, or the run was) is rerun first."""
+    s = session_for(store, paths, make_plan(["01", "02"]))
+    base = baseline(store, s)
+    method = Method.read(store, s.id)
+    config = _step_config(method, search.Step("launch", ("01", "02"), ""))
+    fields = search.record_fields(method, ["01", "02"], config=config)
+    assert fields["predicted_change_pct"] == pytest.approx(16.0, abs=0.1)
+    e = measure(store, s, add(store, s, ["01", "02"], config, base, **fields), 1170.0)
+    j = Method.read(store, s.id).judge(e)
+    assert j.suggestion == "adopted" and j.runs_tok_s == [1170.0], j.text
+    for value in (1040.0, 1100.0):
+        e = measure(store, s, add(store, s, ["01", "02"], config, base, **fields), value)
+        assert Method.read(store, s.id).judge(e).suggestion == "rerun", value
+    assert runs_needed(17.0, 3.0, 16.0, False, 1.2) == (0, 1) and runs_needed(6.0, 3.0, 16.0, False, 1.2) == (0, 2)
+    assert runs_needed(17.0, 3.0, None, False, 1.2) == (0, 2)  # no prediction: the second run confirms it
+    assert runs_needed(-12.0, 3.0, 16.0, True, 1.2) == (2, 2) and runs_needed(-5.0, 3.0, 16.0, True, 1.2) == (3, 2)
 
 
 def test_a_surprising_loss_the_noise_explains_is_no_gain_not_a_regression(store, paths, fake_twin) -> None:

@@ -10,6 +10,8 @@ from pydantic import BaseModel, Field
 from tools.method.objective import noise_pct
 
 OWN_SPREAD_FACTOR = 2.0  # a change's own runs' spread beyond this many bands replaces the band (own_band)
+SURPRISE_RUNS = 3  # runs before a change that contradicts its prediction is judged (runs_needed)
+CLEAR_SE, SD_FLOOR_PCT = 3.0, 1.0  # a loss or gain this many standard errors past the band needs fewer runs
 
 
 def own_band(runs: list[float], band: float) -> tuple[float, str]:
@@ -23,6 +25,22 @@ def own_band(runs: list[float], band: float) -> tuple[float, str]:
         f"; its own {len(runs)} runs spread {own:.1f}%, wider than the session's {band:.1f}% band: judged against "
         "their spread"
     )
+
+
+def runs_needed(judged: float, band: float, predicted: float | None, surprise: bool, se: float) -> tuple[int, int]:
+    """The runs before a verdict, as (a surprise's, a gain's), for a change judged at `judged` % against `band` %
+    with standard error `se` points, predicted `predicted` % before its launch (None: no prediction). A surprise
+    (measured off its prediction by more than the band) that calls for another verdict than the prediction does
+    needs SURPRISE_RUNS, but two for a loss past the band by CLEAR_SE standard errors, which only a broken run could
+    explain (0: none beyond the usual). A gain needs two (one lucky run never becomes the bar), but one where it
+    clears the band by CLEAR_SE standard errors as the twin predicted it would (beyond the band, no surprise): a
+    +18% predicted and measured once is no draw of the noise."""
+    if surprise:
+        p = predicted if predicted is not None else float("nan")
+        flips = (judged >= band) != (p >= band) or (judged <= -band) != (p <= -band)
+        return (2 if judged <= -band - CLEAR_SE * se else SURPRISE_RUNS) if flips else 0, 2
+    clear = predicted is not None and predicted >= band and judged >= band + CLEAR_SE * se
+    return 0, 1 if clear else 2
 
 
 Suggestion = Literal[

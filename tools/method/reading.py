@@ -18,7 +18,8 @@ read the ledger through this one module, so an LLM and the built-in policy are h
   measurement both put below the band is never adopted;
 - a change is adopted only when its (judged) gain beats the band on the mean of at least two runs (a gain beyond the
   band on one run is rerun to confirm it, and so is a loss beyond it that the twin predicted inside the band,
-  unless the session's `search` setting is off: the old greedy path); a gain
+  unless the session's `search` setting is off: the old greedy path), or on one run where it clears the band by
+  CLEAR_SE standard errors as the twin predicted it would (judgement.runs_needed: no draw of the noise); a gain
   inside the band is rerun (up to `reruns` times) and then called no gain (with the search on, at once where the
   twin predicted it inside the band too and the measurement is not near the band); a loss beyond the band is a
   regression; failed requests are a crash;
@@ -59,13 +60,20 @@ from agent.contracts import load_engine
 from agent.errors import PivotError
 from agent.store import Store
 from tools.method import paired, words
-from tools.method.judgement import OWN_SPREAD_FACTOR, Judgement, Suggestion, own_band  # noqa: F401 (re-exported)
+from tools.method.judgement import (  # noqa: F401 (re-exported)
+    CLEAR_SE,
+    OWN_SPREAD_FACTOR,
+    SD_FLOOR_PCT,
+    SURPRISE_RUNS,
+    Judgement,
+    Suggestion,
+    own_band,
+    runs_needed,
+)
 from tools.method.objective import Objective, noise_pct, objective_for
 from tools.method.words import _names, engine_words, not_measured_text, refused_text  # noqa: F401 (re-exported)
 
 HOST_MOVED_CORES = 0.5  # other processes' CPU use (cores) that differs this much between two runs is a moved host
-SURPRISE_RUNS = 3  # runs before a change that contradicts its prediction is judged (see the module docstring)
-CLEAR_SE, SD_FLOOR_PCT = 3.0, 1.0  # a surprising loss this many standard errors past the band needs two runs
 NEAR_BAND_RUNS = 4  # runs before a gain within its standard error of the band is judged (the module docstring)
 TWIN_MIN_PCT = 0.5  # the twin's own error on a change is never taken below this, whatever its record
 TWIN_RECORD = ("adopted", "no_gain", "regressed", "superseded")  # verdicts whose measured change is the twin's record
@@ -452,11 +460,12 @@ class Method:
         p = e.predicted_change_pct
         return self.settings.search and p is not None and not e.not_modelled and abs(change - p) > band
 
-    def _surprise_runs(self, e: m.Experiment, judged: float, band: float, runs: int, base_runs: int) -> int:
-        """The runs a surprise needs (the module docstring): two for a loss past the band by CLEAR_SE standard
-        errors (the noise taken at least SD_FLOOR_PCT), which only a broken run could explain; else SURPRISE_RUNS."""
+    def _runs_needed(self, e: m.Experiment, judged: float, band: float, runs: int, base_runs: int,
+                     surprise: bool) -> tuple[int, int]:  # fmt: skip
+        """The runs a surprise and a gain need before their verdict (judgement.runs_needed), the noise taken at least
+        SD_FLOOR_PCT."""
         sd = max(self.run_sd_pct(e.workload) or 0.0, SD_FLOOR_PCT) * (1 / max(runs, 1) + 1 / max(base_runs, 1)) ** 0.5
-        return 2 if judged <= -band - CLEAR_SE * sd else SURPRISE_RUNS
+        return runs_needed(judged, band, e.predicted_change_pct if not e.not_modelled else None, surprise, sd)
 
     def _unsure_loss(self, e: m.Experiment, judged: float, band: float, runs: int, base_runs: int) -> float | None:
         """The standard error of a surprising loss past the band that it does not clear (see the module docstring),
@@ -482,18 +491,17 @@ class Method:
         se = se * (1 - weight) ** 0.5 if se is not None else None
         return se if se is not None and abs(judged - band) < se else None
 
-    def _suggest(
-        self, change: float, band: float, runs: int, moved: bool, surprise: int = 0, agreed: bool = False
-    ) -> Suggestion:
+    def _suggest(self, change: float, band: float, runs: int, moved: bool, surprise: int = 0, agreed: bool = False,
+                 confirm: int = 2) -> Suggestion:  # fmt: skip
         """The verdict a change of `change` % on `runs` runs suggests, by the rules in the module docstring
         (`surprise`: the runs a surprise needs before its verdict; `agreed`: the twin predicted it inside the band
-        and the measurement does not contradict that)."""
+        and the measurement does not contradict that; `confirm`: the runs a gain needs before it is adopted)."""
         if change >= band and change > 0 and moved:
             return "superseded"  # a change tested beside it gained more and became the best
         if runs < surprise and ((change >= band and change > 0) or change <= -band):
             return "rerun"  # the measurement contradicts the prediction: one more run before the verdict
-        if change >= band and change > 0 and self.settings.search and runs < 2:
-            return "rerun"  # one lucky run never becomes the bar: a second run confirms it
+        if change >= band and change > 0 and self.settings.search and runs < confirm:
+            return "rerun"  # one lucky run never becomes the bar: a second run confirms it (unless it is clear)
         if change >= band and change > 0:
             return "adopted"
         if change <= -band:
@@ -635,9 +643,8 @@ class Method:
         surprise = self._surprise(e, change, band)
         p_pct = e.predicted_change_pct if e.predicted_change_pct is not None else float("nan")
         agreed = self.settings.search and not surprise and not e.not_modelled and p_pct < band
-        flips = surprise and _flips(p_pct, judged, band)  # else no runs beyond the usual
-        need = self._surprise_runs(e, judged, band, len(runs), len(before_runs)) if flips else 0
-        suggestion = self._suggest(judged, band, len(runs), moved, need, agreed)
+        need, confirm = self._runs_needed(e, judged, band, len(runs), len(before_runs), surprise)
+        suggestion = self._suggest(judged, band, len(runs), moved, need, agreed, confirm)
         if suggestion == "regressed" and agreed and -band < p_pct and len(runs) < 2:
             suggestion = "rerun"  # the twin put it inside the band and one run beyond: a second run confirms the loss
         host_note = self._host_clause(e, c)
@@ -689,9 +696,3 @@ class Method:
             text=text,
             **common,
         )
-
-
-def _flips(predicted: float, change: float, band: float) -> bool:
-    """Whether a measured `change` and the `predicted` one (in %; nan: none) call for different verdicts: one beyond
-    the band (`band`, in %) on a side where the other is not."""
-    return (change >= band) != (predicted >= band) or (change <= -band) != (predicted <= -band)
