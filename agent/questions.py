@@ -83,7 +83,7 @@ def _noise_note(moves: Moves) -> str:
 
 def _unmet(moves: Moves, e: m.Experiment) -> tuple[str, list[str]]:
     """The question after a baseline that meets the objective nowhere: its value per level, and what to change."""
-    from tools.method.reading import unmet_words
+    from tools.method.words import unmet_words
 
     method = moves.method
     q = (

@@ -15,7 +15,7 @@ from agent import models as m
 from agent.contracts import Prediction
 from tests.factories import bench_level
 from tests.test_search import FakePredictor, add, baseline, fake_tok, make_plan, measure, session_for, validate
-from tools import experiments, probes, search
+from tools import experiments, probes, reports, search
 from tools.method import Method, decision
 from tools.method.compute import _step_config
 from tools.method.judgement import runs_needed
@@ -160,12 +160,43 @@ def test_a_clear_gain_the_twin_predicted_is_adopted_on_one_run(store, paths, fak
     e = measure(store, s, add(store, s, ["01", "02"], config, base, **fields), 1170.0)
     j = Method.read(store, s.id).judge(e)
     assert j.suggestion == "adopted" and j.runs_tok_s == [1170.0], j.text
+    assert "adopted on its one run: past the band by more than 3 standard errors, as the twin predicted" in j.text
     for value in (1040.0, 1100.0):
         e = measure(store, s, add(store, s, ["01", "02"], config, base, **fields), value)
         assert Method.read(store, s.id).judge(e).suggestion == "rerun", value
     assert runs_needed(17.0, 3.0, 16.0, False, 1.2) == (0, 1) and runs_needed(6.0, 3.0, 16.0, False, 1.2) == (0, 2)
     assert runs_needed(17.0, 3.0, None, False, 1.2) == (0, 2)  # no prediction: the second run confirms it
     assert runs_needed(-12.0, 3.0, 16.0, True, 1.2) == (2, 2) and runs_needed(-5.0, 3.0, 16.0, True, 1.2) == (3, 2)
+
+
+def test_a_best_adopted_on_one_run_is_measured_again_before_a_verdict_near_the_band(store, paths, fake_twin) -> None:
+    """The second run of a clear gain adopted on one run waits until a change judged against it lies near the band:
+    then the best is measured again (a one-run bar is a noisy one), not the change, and the change is judged against
+    both runs."""
+    from tools.method.compute import moves_of
+
+    s = session_for(store, paths, make_plan(["01", "02", "03"]))
+    base = add(store, s, [], s.plan.target.base_config(), None)
+    base = store.update_experiment(measure(store, s, base, 990.0, 1010.0).model_copy(update={"verdict": "baseline"}))
+    method = Method.read(store, s.id)
+    config = _step_config(method, search.Step("launch", ("01", "02"), ""))
+    fields = search.record_fields(method, ["01", "02"], config=config)
+    best = measure(store, s, add(store, s, ["01", "02"], config, base, **fields), 1165.0)
+    j = Method.read(store, s.id).judge(best)
+    assert j.suggestion == "adopted" and len(j.runs_tok_s) == 1, j.text
+    best = store.update_experiment(best.model_copy(update={"verdict": "adopted", "reason": j.text}))
+    method = Method.read(store, s.id)
+    config = _step_config(method, search.Step("launch", ("03",), ""))
+    e = measure(store, s, add(store, s, ["03"], config, best), 1200.0, 1202.0)  # +3.1%: near the 3% band
+    with s:
+        reports.write_improvement_docs(s)
+        j = Method.read(store, s.id).judge(e)
+        assert j.suggestion == "rebase" and "adopted on its one run, is measured again" in j.text, j.text
+        mv = moves_of(s)
+        assert set(mv.reruns) == {best.id} and "adopted on its one run" in mv.reruns[best.id]
+        best = measure(store, s, best, 1165.0)
+        j = Method.read(store, s.id).judge(e)  # against both runs of its base now: its own second run next
+        assert j.suggestion == "rerun" and "one more run before the verdict" in j.text, j.text
 
 
 def test_a_surprising_loss_the_noise_explains_is_no_gain_not_a_regression(store, paths, fake_twin) -> None:

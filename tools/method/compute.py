@@ -7,6 +7,7 @@ from datetime import datetime
 from agent import models as m
 from agent.session import Session
 from tools import experiments, peers, search
+from tools.method import paired
 from tools.method.answers import Decision, decision
 from tools.method.checks import check
 from tools.method.moves import (
@@ -170,6 +171,8 @@ def _judging(method: Method, mv: Moves) -> bool:
         elif j.suggestion == "rebase" and e.base_experiment_id is not None:
             mv.reruns[e.base_experiment_id] = (
                 f"its base measured again after experiment {e.number} before that verdict (A/B/A: judged in pairs)"
+                if paired.enabled(method.settings.paired, method.runs.get(eid, []))
+                else f"adopted on its one run: measured again before experiment {e.number}'s verdict near the band"
             )
         elif j.suggestion == "rerun":
             n = len(j.runs_tok_s)

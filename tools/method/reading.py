@@ -19,7 +19,8 @@ read the ledger through this one module, so an LLM and the built-in policy are h
 - a change is adopted only when its (judged) gain beats the band on the mean of at least two runs (a gain beyond the
   band on one run is rerun to confirm it, and so is a loss beyond it that the twin predicted inside the band,
   unless the session's `search` setting is off: the old greedy path), or on one run where it clears the band by
-  CLEAR_SE standard errors as the twin predicted it would (judgement.runs_needed: no draw of the noise); a gain
+  CLEAR_SE standard errors as the twin predicted it would (judgement.runs_needed: no draw of the noise; its
+  second run waits until a change judged against it is near the band, and is taken then, before that verdict); a gain
   inside the band is rerun (up to `reruns` times) and then called no gain (with the search on, at once where the
   twin predicted it inside the band too and the measurement is not near the band); a loss beyond the band is a
   regression; failed requests are a crash;
@@ -71,7 +72,7 @@ from tools.method.judgement import (  # noqa: F401 (re-exported)
     runs_needed,
 )
 from tools.method.objective import Objective, noise_pct, objective_for
-from tools.method.words import _names, engine_words, not_measured_text, refused_text  # noqa: F401 (re-exported)
+from tools.method.words import _names, engine_words, not_measured_text, refused_text, unmet_words  # noqa: F401
 
 HOST_MOVED_CORES = 0.5  # other processes' CPU use (cores) that differs this much between two runs is a moved host
 NEAR_BAND_RUNS = 4  # runs before a gain within its standard error of the band is judged (the module docstring)
@@ -84,26 +85,6 @@ REFUSED_FAILURES = (
     "argument-validation",
     "unsupported-hardware",
 )
-
-
-def unmet_words(method: Method, e: m.Experiment) -> str:
-    """What the objective's value was per level of `e`, said when it is 0 at the level judged: no level's requests
-    met the SLOs (the SLO attainment per level, where the runs measured it)."""
-    by_level: dict[int, list[tuple[float, float | None]]] = {}
-    for result in method.runs.get(e.id or 0, []):
-        values = method.objective.value_of_run(result)
-        for lv in result.levels:
-            c = lv.max_concurrency
-            if c is not None and c in values:
-                by_level.setdefault(c, []).append((values[c], lv.slo_attainment))
-    parts = []
-    for c, pairs in sorted(by_level.items()):
-        value = sum(v for v, _ in pairs) / len(pairs)
-        att = [a for _, a in pairs if a is not None]
-        share = f" ({100 * sum(att) / len(att):.0f}% of requests within the SLOs)" if att else ""
-        unit = getattr(method.objective, "unit", "")
-        parts.append(f"{method.objective.number(value)} {unit}{share} at concurrency {c}".replace("  ", " "))
-    return "no level meets the objective: " + "; ".join(parts) if parts else "no level meets the objective"
 
 
 @dataclass
@@ -491,6 +472,13 @@ class Method:
         se = se * (1 - weight) ** 0.5 if se is not None else None
         return se if se is not None and abs(judged - band) < se else None
 
+    def _near_move(self, base: m.Experiment | None, base_runs: int, moved: bool) -> Suggestion:
+        """What a change near the band needs next (the module docstring): its base measured again where the base is
+        a change adopted on its one run (a clear gain: its confirming run waits until a verdict needs its
+        precision), else a run of its own."""
+        once = base is not None and base.kind != "baseline" and base.status == "finished" and base_runs < 2
+        return "rebase" if once and not moved else "rerun"
+
     def _suggest(self, change: float, band: float, runs: int, moved: bool, surprise: int = 0, agreed: bool = False,
                  confirm: int = 2) -> Suggestion:  # fmt: skip
         """The verdict a change of `change` % on `runs` runs suggests, by the rules in the module docstring
@@ -515,6 +503,9 @@ class Method:
         """What a change's judgement says after its verdict: the change run beside it that became the best, levels
         that were no measurement, no-op flags and flags the twin does not model."""
         text = ""
+        if suggestion == "adopted" and self.settings.search and len(self.ok_values(e).get(c) or []) == 1:
+            text += (f"; adopted on its one run: past the band by more than {CLEAR_SE:g} standard errors, as the twin "
+                     f"predicted ({e.predicted_change_pct or 0.0:+.1f}%), which no draw of the noise explains")  # fmt: skip
         if suggestion == "superseded" and best is not None:
             bv = self.ok_values(best).get(c) or []
             at = f" with {self.objective.number(sum(bv) / len(bv))} {self.objective.at(c)}" if bv else ""
@@ -658,7 +649,7 @@ class Method:
         suggestion = "no_gain" if unsure is not None and suggestion == "regressed" else suggestion
         near = (self._near_band(e, judged, band, len(runs), len(before_runs), weight)
                 if suggestion in ("adopted", "no_gain") and not rebase and pairs is None else None)  # fmt: skip
-        suggestion = "rerun" if near is not None else suggestion
+        suggestion = self._near_move(base, len(before_runs), moved) if near is not None else suggestion
         doubt = (self._standard_error(e, len(runs), len(before_runs)) or 0.0) * (1 - weight) ** 0.5
         doubt = doubt if suggestion == "adopted" and agreed and -band < p_pct and judged < band + doubt else None
         suggestion = "no_gain" if doubt is not None else suggestion
@@ -677,8 +668,7 @@ class Method:
                f", past the {band:.1f}% noise band by less than its standard error ({unsure:.1f}%) against the "
                f"{e.predicted_change_pct or 0.0:+.1f}% predicted: no gain, not a regression" if
                unsure is not None and suggestion == "no_gain" else
-               f", {judged - band:+.1f} points from the {band:.1f}% noise band, within its standard error "
-               f"({near:.1f} points on {len(runs)} run{'s' if len(runs) != 1 else ''}): one more run before the verdict"
+               words.near_clause(judged, band, near, len(runs), self.number(base.id) if suggestion == "rebase" else None)
                if near is not None else
                f", beyond the {band:.1f}% noise band by less than its standard error ({doubt:.1f} points) where the "
                f"twin predicted {p_pct:+.1f}%, inside it: no gain, not an adoption" if doubt is not None else

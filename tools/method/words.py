@@ -5,9 +5,21 @@ against the noise band."""
 from __future__ import annotations
 
 import re
+from typing import Protocol
 
 from agent import models as m
 from tools.method.judgement import Suggestion
+from tools.method.objective import Objective
+
+
+class Reading(Protocol):
+    """What unmet_words reads of a ledger's reading (tools/method/reading.py's Method)."""
+
+    runs: dict[int, list[m.BenchResult]]
+
+    @property
+    def objective(self) -> Objective: ...
+
 
 # the words a launch failure was recorded with (tools/engines/process.py): "vllm exited while starting (exit code 1):
 # argument-validation (Value error, ...)"; the engine's own sentence is the part in brackets at the end
@@ -72,3 +84,37 @@ def band_clause(suggestion: Suggestion, change: float, band: float, noise: float
     if suggestion in ("adopted", "superseded"):
         return f", beyond the {band:.1f}% noise band ({why_band})"
     return ""
+
+
+def near_clause(judged: float, band: float, se: float, runs: int, base_number: int | None) -> str:
+    """A gain within its standard error `se` of the band, in words: what is measured again before its verdict (its
+    base, experiment `base_number`, where that base was adopted on one run; else the change)."""
+    what = (
+        f"its base (experiment {base_number}), adopted on its one run, is measured again before the verdict"
+        if base_number is not None
+        else "one more run before the verdict"
+    )
+    return (
+        f", {judged - band:+.1f} points from the {band:.1f}% noise band, within its standard error ({se:.1f} points "
+        f"on {runs} run{'s' if runs != 1 else ''}): {what}"
+    )
+
+
+def unmet_words(method: Reading, e: m.Experiment) -> str:
+    """What the objective's value was per level of `e`, said when it is 0 at the level judged: no level's requests
+    met the SLOs (the SLO attainment per level, where the runs measured it)."""
+    by_level: dict[int, list[tuple[float, float | None]]] = {}
+    for result in method.runs.get(e.id or 0, []):
+        values = method.objective.value_of_run(result)
+        for lv in result.levels:
+            c = lv.max_concurrency
+            if c is not None and c in values:
+                by_level.setdefault(c, []).append((values[c], lv.slo_attainment))
+    parts = []
+    for c, pairs in sorted(by_level.items()):
+        value = sum(v for v, _ in pairs) / len(pairs)
+        att = [a for _, a in pairs if a is not None]
+        share = f" ({100 * sum(att) / len(att):.0f}% of requests within the SLOs)" if att else ""
+        unit = getattr(method.objective, "unit", "")
+        parts.append(f"{method.objective.number(value)} {unit}{share} at concurrency {c}".replace("  ", " "))
+    return "no level meets the objective: " + "; ".join(parts) if parts else "no level meets the objective"
