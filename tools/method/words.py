@@ -1,6 +1,6 @@
 """The method's words for a change it cannot measure (a launch the engine refused, in the engine's own sentence with
-pivot's framing taken off; a change of flags a simulated engine does not model) and for how a measured change stands
-against the noise band."""
+pivot's framing taken off; a change of flags a simulated engine does not model), for how a measured change stands
+against the noise band, and for what a baseline that meets the objective nowhere measured."""
 
 from __future__ import annotations
 
