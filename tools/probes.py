@@ -57,6 +57,12 @@ it held a member that cost 4-5%), and where the leave-one-out's reading does not
 alone. So one member of each such step, not in the best and never launched alone, is launched alone where the
 corrected model still gives it a credible gain on the best (its one-sided 95% upper bound clears the band:
 `unisolated`, `credible`), the highest bound first; its measurement then teaches the model the rest.
+
+Last, what the twin settled as a loss: an item it predicts costs the band or more is recorded `predicted` and never
+launched, where the plan's author usually agrees (a control, a cap). Once the twin has missed on this target, its
+word that an item costs is no better than its word that one adds little: each such item is launched once on the
+best, the likeliest to pay first (`settled_losses`; on a ten-item plan a truth whose overlap-scheduler control gains
+18% there, predicted -5.6%). Measured as a loss, it is a regression on its one run, as the twin said.
 """
 
 from __future__ import annotations
@@ -242,6 +248,26 @@ def leaned(method: Method, items: list[m.PlanItem], band: float) -> tuple[str, .
 Z_CREDIBLE = 1.645  # a gain is credible where its one-sided 95% upper bound clears the band
 
 
+def settled_losses(method: Method, estimate: Callable[..., Any], items: list[m.PlanItem],
+                   band: float) -> tuple[str, ...]:  # fmt: skip
+    """The one item (the likeliest to pay: the highest corrected change alone on the best) of those the twin settled
+    `predicted` as a loss of the band (`band`, in %) or more and that were never launched, whose launch the twin can
+    predict, would not crash, and was not measured; () when there is none. The caller checks it once the twin has
+    missed on this target (`twin_off`): its word that an item costs settled it as it settles the items in doubt."""
+    out: dict[str, float] = {}
+    for item in items:
+        final = method.final(item)
+        last = final[-1] if final else None
+        if last is None or last.verdict != "predicted" or launches(method, item.id) > 0:
+            continue
+        if last.predicted_change_pct is None or last.predicted_change_pct > -band or not item_changes(method, item):
+            continue
+        est = estimate((item.id,))
+        if est.source == "twin" and not est.crash and est.change_pct is not None and not method.ran(est.config):
+            out[item.id] = est.change_pct
+    return (max(out, key=lambda k: out[k]),) if out else ()
+
+
 def unisolated(method: Method, items: list[m.PlanItem]) -> tuple[str, ...]:
     """The members of combined steps that fell short of their prediction (`missed`) whose own effect was never
     isolated (each launch of theirs judged with other members), not in the best configuration, of the steps none of
@@ -390,6 +416,12 @@ def end_check(
                f"({est.note})")  # fmt: skip
         return (i,), (), why
     off, ended = twin_off(method, band), checked_as_said(method, band)
+    if off and (loss := settled_losses(method, estimate, again, band)):
+        est, said = estimate(loss), method.final(method.plan.item(loss[0]))[-1].predicted_change_pct or 0.0
+        why = (f"{loss[0]}: the twin settled it unmeasured as a loss ({said:+.1f}%), and it has missed by more than "
+               f"the {band:.1f}% band on this target, so its word alone no longer settles it: one launch on the best "
+               f"({est.note})")  # fmt: skip
+        return loss, (), why
     if ended and not off:  # one check per best where the twin has been right here
         return None
     alone = {i: estimate((), (i,)).change_pct for i in riders(method)}
