@@ -113,16 +113,23 @@ def test_members_of_a_bundle_that_fell_short_are_not_spent_and_are_suspects(stor
     assert {it.id for it in again} == {"01", "02", "03"} and not fresh
 
 
-def test_a_surprise_is_rerun_before_its_verdict(store, paths, fake_twin) -> None:
-    """A change predicted +16% that measures -5% is called a regression on its third run, not before; one that
-    measures -12% (past the band by more than three standard errors: the noise cannot explain it) on its second;
-    one that measures +25% is adopted on its second (both say adopt)."""
+def _pair_predicted_16(store, paths) -> tuple:
+    """A session of 01 and 02 with its baseline measured, and the step 01+02 the fake twin predicts +16%: (session,
+    baseline, the step's configuration, its record fields)."""
     s = session_for(store, paths, make_plan(["01", "02"]))
     base = baseline(store, s)
     method = Method.read(store, s.id)
     config = _step_config(method, search.Step("launch", ("01", "02"), ""))
     fields = search.record_fields(method, ["01", "02"], config=config)
     assert fields["predicted_change_pct"] == pytest.approx(16.0, abs=0.1)
+    return s, base, config, fields
+
+
+def test_a_surprise_is_rerun_before_its_verdict(store, paths, fake_twin) -> None:
+    """A change predicted +16% that measures -5% is called a regression on its third run, not before; one that
+    measures -12% (past the band by more than three standard errors: the noise cannot explain it) on its second;
+    one that measures +25% is adopted on its second (both say adopt)."""
+    s, base, config, fields = _pair_predicted_16(store, paths)
     e = measure(store, s, add(store, s, ["01", "02"], config, base, **fields), 950.0)
     j = Method.read(store, s.id).judge(e)
     assert j.suggestion == "rerun" and "one more run before the verdict" in j.text
@@ -151,12 +158,7 @@ def test_a_clear_gain_the_twin_predicted_is_adopted_on_one_run(store, paths, fak
     """A change predicted +16% that measures +17% on one run (past the 3% band by far more than three standard errors,
     as the twin said) is adopted at once; one that measures +4% (near the band: a lucky run could explain it) or
     +10% (off its prediction by more than the band: the twin is wrong about it, or the run was) is rerun first."""
-    s = session_for(store, paths, make_plan(["01", "02"]))
-    base = baseline(store, s)
-    method = Method.read(store, s.id)
-    config = _step_config(method, search.Step("launch", ("01", "02"), ""))
-    fields = search.record_fields(method, ["01", "02"], config=config)
-    assert fields["predicted_change_pct"] == pytest.approx(16.0, abs=0.1)
+    s, base, config, fields = _pair_predicted_16(store, paths)
     e = measure(store, s, add(store, s, ["01", "02"], config, base, **fields), 1170.0)
     j = Method.read(store, s.id).judge(e)
     assert j.suggestion == "adopted" and j.runs_tok_s == [1170.0], j.text

@@ -208,6 +208,14 @@ def off_prediction(method: Method, e: m.Experiment, band: float) -> bool:
     return (d := miss(method, e)) is not None and abs(d) > band
 
 
+def _settled(method: Method, item: m.PlanItem) -> m.Experiment | None:
+    """The record of `item` where the twin settled it unmeasured (its last verdict `predicted`, never launched), else
+    None."""
+    final = method.final(item)
+    last = final[-1] if final else None
+    return last if last is not None and last.verdict == "predicted" and launches(method, item.id) == 0 else None
+
+
 def doubted(method: Method, items: list[m.PlanItem], band: float) -> tuple[str, ...]:
     """The items in doubt (the module docstring): settled `predicted` by the twin inside the band (`band`, in %),
     never launched, and not agreed on by the plan (`_plan_agrees`) unless the twin has missed here (`twin_off`); in
@@ -215,9 +223,7 @@ def doubted(method: Method, items: list[m.PlanItem], band: float) -> tuple[str, 
     off: bool | None = None
     out = []
     for item in items:
-        final = method.final(item)
-        last = final[-1] if final else None
-        if last is None or last.verdict != "predicted" or launches(method, item.id) > 0:
+        if (last := _settled(method, item)) is None:
             continue
         if last.predicted_change_pct is None or not -band < last.predicted_change_pct < band:
             continue
@@ -256,9 +262,7 @@ def settled_losses(method: Method, estimate: Callable[..., Any], items: list[m.P
     missed on this target (`twin_off`): its word that an item costs settled it as it settles the items in doubt."""
     out: dict[str, float] = {}
     for item in items:
-        final = method.final(item)
-        last = final[-1] if final else None
-        if last is None or last.verdict != "predicted" or launches(method, item.id) > 0:
+        if (last := _settled(method, item)) is None:
             continue
         if last.predicted_change_pct is None or last.predicted_change_pct > -band or not item_changes(method, item):
             continue
