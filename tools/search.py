@@ -24,7 +24,8 @@ no effect where the twin said +16% carries that into every later combination tha
   the changes judged no gain on one run read with the twin's prediction, once the twin has missed here (leaned); then,
   where the best is a revert of several items measured beyond its prediction, all it took back but the one the
   measurements blame put back once (put_back); then the best configuration's riders, members of an adopted combined
-  step never measured alone, taken back together once (riders).
+  step never measured alone, taken back together once (riders); once the twin has missed here, last, the move whose
+  gain the corrected model's uncertainty most allows, until one measures as the model said (optimistic).
 
 They are ranked by predicted gain; an item whose flags the twin does not model is ranked by the plan's expected
 impact instead (and says so). A candidate is launched only when its predicted gain beats the noise band (a probe:
@@ -60,7 +61,7 @@ MEMBER_MIN_PCT = 1.0  # each item of a combined step adds at least this much (pr
 TRIPLE_SEEDS = 4  # the best pairs grow into triples
 BUNDLE_MIN_PCT = 0.2  # an item joins the bundle of small gains when it adds at least this much (predicted)
 RETESTS = 1  # launches an item gets beyond its first, on a newer best
-REVERTS = 1  # launches that take an adopted item back, per item
+REVERTS = probes.REVERTS  # launches that take an adopted item back, per item
 SWAP_SEEDS = 3  # the best candidates are also predicted with each adopted item taken back
 RETEST_VERDICTS = ("no_gain", "regressed", "predicted", "superseded")
 
