@@ -714,3 +714,27 @@ def test_once_the_twin_has_missed_here_the_move_its_uncertainty_most_allows_to_p
     after = Method.read(store, s.id)
     check = probes.end_check(after, estimate, blame, [], band)
     assert (check is not None and check[:2] == (("05",), ())) if goes_on else check is None, check
+
+
+def test_where_the_twin_has_missed_here_a_gain_it_put_inside_the_band_is_judged_on_the_measurements(
+    store, paths
+) -> None:
+    """07 measured +43% where the twin said +30%: its predictions here are off by more than the band, so its word
+    that 03 adds +2.4% is not heard. +3.4% on four runs, against a base of two, has its base measured again first (a
+    best is the change that measured highest); then, the base on four runs, it is adopted (where the twin had been
+    right, the same runs are no gain: the test above)."""
+    s = session_for(store, paths, make_plan(["07", "03"]))
+    base = add(store, s, [], s.plan.target.base_config(), None)
+    base = store.update_experiment(measure(store, s, base, 990.0, 1010.0).model_copy(update={"verdict": "baseline"}))
+    seven = add(store, s, ["07"], s.plan.item("07").apply(base.config), base, predicted_change_pct=30.0)
+    seven = measure(store, s, seven, 1420.0, 1440.0)
+    seven = store.update_experiment(seven.model_copy(update={"verdict": "adopted", "reason": "adopted"}))
+    e = add(store, s, ["03"], s.plan.item("03").apply(seven.config), seven, predicted_change_pct=2.4)
+    e = measure(store, s, e, 1476.0, 1482.0, 1474.0, 1484.0)
+    j = Method.read(store, s.id).judge(e)
+    assert j.suggestion == "rebase", j.text
+    assert "where the twin, off by" in j.text and "its base measured again (2 runs so far)" in j.text, j.text
+    measure(store, s, seven, 1425.0, 1435.0)
+    j = Method.read(store, s.id).judge(e)
+    assert j.suggestion == "adopted", j.text
+    assert "not an adoption" not in j.text and "judged on the measurement alone" in j.text, j.text

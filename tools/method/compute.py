@@ -173,6 +173,8 @@ def _judging(method: Method, mv: Moves) -> bool:
                 f"its base measured again after experiment {e.number} before that verdict (A/B/A: judged in pairs)"
                 if paired.enabled(method.settings.paired, method.runs.get(eid, []))
                 else f"adopted on its one run: measured again before experiment {e.number}'s verdict near the band"
+                if len(method.runs.get(e.base_experiment_id, [])) < 2
+                else f"measured again before experiment {e.number}'s verdict near the band: the mean it is judged against"
             )
         elif j.suggestion == "rerun":
             n = len(j.runs_tok_s)

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from agent import models as m
 from tools.method.objective import noise_pct
 
 OWN_SPREAD_FACTOR = 2.0  # a change's own runs' spread beyond this many bands replaces the band (own_band)
@@ -84,3 +85,19 @@ class Judgement(BaseModel):
         default_factory=list, description="Flags this change touches that the engine does not model (simulated)."
     )
     text: str = Field(description="The comparison in one sentence, with its numbers: usable as a verdict's reason.")
+
+
+def twin_error(record: list[tuple[float, float, int, int]], sd: float, floor: float) -> float:
+    """The twin's error on a campaign's measured changes beyond what the noise explains, in points, never below
+    `floor`: `record` as Method.twin_record reads it (measured change, predicted change, runs, base runs), `sd` the
+    run-to-run noise in %."""
+    noise2 = sum(sd**2 * (1 / n + 1 / nb) for _, _, n, nb in record) / len(record)
+    return max(floor**2, sum((mc - pc) ** 2 for mc, pc, _, _ in record) / len(record) - noise2) ** 0.5
+
+
+def near_move(base: m.Experiment | None, base_runs: int, moved: bool) -> Suggestion:
+    """What a change near the band needs next (tools/method/reading.py's docstring): its base measured again where
+    the base is a change adopted on its one run (a clear gain: its confirming run waits until a verdict needs its
+    precision), else a run of its own."""
+    once = base is not None and base.kind != "baseline" and base.status == "finished" and base_runs < 2
+    return "rebase" if once and not moved else "rerun"

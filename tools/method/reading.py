@@ -41,7 +41,9 @@ read the ledger through this one module, so an LLM and the built-in policy are h
   tools/method/paired.py, is not: a run of it after its base's last has no pair and would not count);
 - with the search on, a gain the twin predicted inside the band (a check of its word: the items it settled
   unmeasured, the riders taken back) is adopted only when it clears the band by its standard error: there the twin
-  is right more often than not, and a near-band draw of the noise is no reason to believe it wrong;
+  is right more often than not, and a near-band draw of the noise is no reason to believe it wrong. Where it was off
+  here by the band or more it is not heard: a base on fewer than NEAR_BAND_RUNS runs is measured again first (a best
+  measured highest: what is judged against it reads off by that draw), then the measurements alone judge;
 - a change whose changed flags the engine does not model (a simulated engine: `Experiment.not_modelled`) is not
   measured, whatever numbers the engine gave: its effect is not in them.
 
@@ -68,8 +70,10 @@ from tools.method.judgement import (  # noqa: F401 (re-exported)
     SURPRISE_RUNS,
     Judgement,
     Suggestion,
+    near_move,
     own_band,
     runs_needed,
+    twin_error,
 )
 from tools.method.objective import Objective, noise_pct, objective_for
 from tools.method.words import _names, engine_words, not_measured_text, refused_text, unmet_words  # noqa: F401
@@ -403,8 +407,7 @@ class Method:
         if p is None or sd is None or not record:
             return change, "", 0.0
         var = sd**2 * (1 / runs + 1 / base_runs)  # of the measured change
-        noise2 = sum(sd**2 * (1 / n + 1 / nb) for _, _, n, nb in record) / len(record)
-        twin2 = max(TWIN_MIN_PCT**2, sum((mc - pc) ** 2 for mc, pc, _, _ in record) / len(record) - noise2)
+        twin2 = twin_error(record, sd, TWIN_MIN_PCT) ** 2
         of = f"{len(record)} measured change{'s' if len(record) != 1 else ''}"
         if twin2**0.5 >= band:
             return (
@@ -471,13 +474,6 @@ class Method:
         se = self._standard_error(e, runs, base_runs)
         se = se * (1 - weight) ** 0.5 if se is not None else None
         return se if se is not None and abs(judged - band) < se else None
-
-    def _near_move(self, base: m.Experiment | None, base_runs: int, moved: bool) -> Suggestion:
-        """What a change near the band needs next (the module docstring): its base measured again where the base is
-        a change adopted on its one run (a clear gain: its confirming run waits until a verdict needs its
-        precision), else a run of its own."""
-        once = base is not None and base.kind != "baseline" and base.status == "finished" and base_runs < 2
-        return "rebase" if once and not moved else "rerun"
 
     def _suggest(self, change: float, band: float, runs: int, moved: bool, surprise: int = 0, agreed: bool = False,
                  confirm: int = 2) -> Suggestion:  # fmt: skip
@@ -588,6 +584,19 @@ class Method:
             return Judgement(suggestion="crashed", text=f"{what} ({e.failure or 'failed'}){detail}", **common)
         return None
 
+    def _doubt(self, e: m.Experiment, judged: float, band: float, runs: int, base_runs: int, weight: float,
+               base: m.Experiment | None, moved: bool) -> tuple[float | None, float | None, bool]:  # fmt: skip
+        """Of a gain the twin put inside the band (the module docstring): its standard error where it clears the band
+        by less and the twin is heard (no gain); the twin's error here where that is the band or more (not heard),
+        and whether its base is measured again first."""
+        doubt = (self._standard_error(e, runs, base_runs) or 0.0) * (1 - weight) ** 0.5
+        if judged >= band + doubt:
+            return None, None, False
+        sd, record = self.run_sd_pct(e.workload), self.twin_record(e)
+        off = twin_error(record, sd, TWIN_MIN_PCT) if record and sd is not None else 0.0
+        again = base_runs < NEAR_BAND_RUNS and not moved and base is not None and base.status == "finished"
+        return (None, off, again) if off >= band else (doubt, None, False)
+
     def judge(self, e: m.Experiment) -> Judgement:
         """`e` against its base, by the rules in the module docstring."""
         eid = e.id or 0
@@ -649,10 +658,10 @@ class Method:
         suggestion = "no_gain" if unsure is not None and suggestion == "regressed" else suggestion
         near = (self._near_band(e, judged, band, len(runs), len(before_runs), weight)
                 if suggestion in ("adopted", "no_gain") and not rebase and pairs is None else None)  # fmt: skip
-        suggestion = self._near_move(base, len(before_runs), moved) if near is not None else suggestion
-        doubt = (self._standard_error(e, len(runs), len(before_runs)) or 0.0) * (1 - weight) ** 0.5
-        doubt = doubt if suggestion == "adopted" and agreed and -band < p_pct and judged < band + doubt else None
-        suggestion = "no_gain" if doubt is not None else suggestion
+        suggestion = near_move(base, len(before_runs), moved) if near is not None else suggestion
+        doubt, unheard, again = (self._doubt(e, judged, band, len(runs), len(before_runs), weight, base, moved)
+                                 if suggestion == "adopted" and agreed and -band < p_pct else (None, None, False))  # fmt: skip
+        suggestion = "no_gain" if doubt is not None else "rebase" if again else suggestion
         n = self.objective.number
         measured = f"{n(a)}" if len(runs) == 1 else f"{n(a)}, mean of {len(runs)} runs: {', '.join(n(v) for v in runs)}"
         text = (
@@ -668,6 +677,7 @@ class Method:
                f", past the {band:.1f}% noise band by less than its standard error ({unsure:.1f}%) against the "
                f"{e.predicted_change_pct or 0.0:+.1f}% predicted: no gain, not a regression" if
                unsure is not None and suggestion == "no_gain" else
+               words.unheard_clause(band, unheard, p_pct, len(before_runs)) if unheard is not None and again else
                words.near_clause(judged, band, near, len(runs), self.number(base.id) if suggestion == "rebase" else None)
                if near is not None else
                f", beyond the {band:.1f}% noise band by less than its standard error ({doubt:.1f} points) where the "

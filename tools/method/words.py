@@ -118,3 +118,10 @@ def unmet_words(method: Reading, e: m.Experiment) -> str:
         unit = getattr(method.objective, "unit", "")
         parts.append(f"{method.objective.number(value)} {unit}{share} at concurrency {c}".replace("  ", " "))
     return "no level meets the objective: " + "; ".join(parts) if parts else "no level meets the objective"
+
+
+def unheard_clause(band: float, off: float, predicted: float, base_runs: int) -> str:
+    """Why a gain the twin put inside the band, where it has been off here by the band or more, waits for its base."""
+    return (f", past the {band:.1f}% noise band by less than its standard error where the twin, off by {off:.1f}% on "
+            f"this campaign's changes, predicted {predicted:+.1f}%: its base measured again ({base_runs} runs so far) "
+            "before the verdict")  # fmt: skip
