@@ -315,16 +315,16 @@ def optimistic(method: Method, estimate: Callable[..., Any], items: list[m.PlanI
     adds = [(it.id,) for it in items if it.id not in held and item_changes(method, it) and launches(method, it.id)]
     moves = [(a, ()) for a in adds] + [((), (r,)) for r in back] + [(a, (r,)) for a in adds for r in back]
     out: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[float, Any]] = {}
-    for add, back in moves:
-        est = estimate(add, back)
+    for move in moves:
+        est = estimate(*move)
         if est.source != "twin" or est.crash or est.change_pct is None or not est.sd_pct or method.ran(est.config):
             continue
         if (up := credible(est.change_pct, est.sd_pct)) is not None and up >= band:
-            out[(add, back)] = ((est.change_pct - band) / est.sd_pct, est)
+            out[move] = ((est.change_pct - band) / est.sd_pct, est)
     if not out:
         return None
-    (add, back), (_, est) = max(out.items(), key=lambda kv: kv[1][0])
-    return add, back, est
+    (add, taken), (_, est) = max(out.items(), key=lambda kv: kv[1][0])
+    return add, taken, est
 
 
 def unisolated(method: Method, items: list[m.PlanItem]) -> tuple[str, ...]:

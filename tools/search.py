@@ -25,7 +25,7 @@ no effect where the twin said +16% carries that into every later combination tha
   where the best is a revert of several items measured beyond its prediction, all it took back but the one the
   measurements blame put back once (put_back); then the best configuration's riders, members of an adopted combined
   step never measured alone, taken back together once (riders); once the twin has missed here, last, the move whose
-  gain the corrected model's uncertainty most allows, until one measures as the model said (optimistic).
+  gain the corrected model's uncertainty most allows, until two measure as the model said (optimistic).
 
 They are ranked by predicted gain; an item whose flags the twin does not model is ranked by the plan's expected
 impact instead (and says so). A candidate is launched only when its predicted gain beats the noise band (a probe:
