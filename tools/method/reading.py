@@ -65,6 +65,7 @@ from agent.store import Store
 from tools.method import paired, words
 from tools.method.judgement import (  # noqa: F401 (re-exported)
     CLEAR_SE,
+    NEAR_BAND_RUNS,
     OWN_SPREAD_FACTOR,
     SD_FLOOR_PCT,
     SURPRISE_RUNS,
@@ -73,15 +74,12 @@ from tools.method.judgement import (  # noqa: F401 (re-exported)
     near_move,
     own_band,
     runs_needed,
-    twin_error,
 )
 from tools.method.objective import Objective, noise_pct, objective_for
+from tools.method.twin_word import TWIN_MIN_PCT, TWIN_RECORD, TwinWord  # noqa: F401 (re-exported)
 from tools.method.words import _names, engine_words, not_measured_text, refused_text, unmet_words  # noqa: F401
 
 HOST_MOVED_CORES = 0.5  # other processes' CPU use (cores) that differs this much between two runs is a moved host
-NEAR_BAND_RUNS = 4  # runs before a gain within its standard error of the band is judged (the module docstring)
-TWIN_MIN_PCT = 0.5  # the twin's own error on a change is never taken below this, whatever its record
-TWIN_RECORD = ("adopted", "no_gain", "regressed", "superseded")  # verdicts whose measured change is the twin's record
 REFUSED_FAILURES = (
     "unrecognized-argument",
     "ambiguous-argument",
@@ -92,7 +90,7 @@ REFUSED_FAILURES = (
 
 
 @dataclass
-class Method:
+class Method(TwinWord):
     """One reading of a session's ledger by the method's rules."""
 
     store: Store
@@ -378,72 +376,6 @@ class Method:
         return paired.pair(paired.timed(self.runs.get(base.id or 0, []), value, c),
                            paired.timed(self.runs.get(e.id or 0, []), value, c))  # fmt: skip
 
-    def twin_record(self, e: m.Experiment) -> list[tuple[float, float, int, int]]:
-        """The twin's record in this campaign before `e`: (measured change, predicted change, runs, base runs) of
-        each change judged so far on e's workload that was predicted before its launch."""
-        key = e.workload.workload_key()
-        out = []
-        for x in self.experiments:
-            if (x.id or 0) >= (e.id or 0) or x.kind != "change" or x.predicted_change_pct is None:
-                continue
-            if x.verdict not in TWIN_RECORD or x.workload.workload_key() != key or x.not_modelled:
-                continue
-            if (cmp := self._compared(x)) is not None and (b := sum(cmp[1]) / len(cmp[1])) > 0:
-                measured = (sum(cmp[2]) / len(cmp[2]) - b) / b * 100
-                out.append((measured, x.predicted_change_pct, len(cmp[2]), len(cmp[1])))
-        return out
-
-    def with_twin(
-        self, e: m.Experiment, change: float, runs: int, base_runs: int, band: float
-    ) -> tuple[float, str, float]:
-        """The change `e` is judged by, how it was reached, in words, and the prediction's weight in it (0: the
-        measurement alone): the measured change, or, when the twin predicted it before launch, its errors on this
-        campaign's measured changes (beyond what the noise explains) stay under the band and this measurement does
-        not contradict it, the measured and the predicted change weighted by their precision."""
-        p, unit_runs = e.predicted_change_pct, f"{runs} run{'s' if runs != 1 else ''}"
-        sd = self.run_sd_pct(e.workload)
-        heard = p is not None and self.settings.search and e.kind == "change" and not e.not_modelled
-        record = self.twin_record(e) if heard else []  # the greedy path (search off) judges measurements alone
-        if p is None or sd is None or not record:
-            return change, "", 0.0
-        var = sd**2 * (1 / runs + 1 / base_runs)  # of the measured change
-        twin2 = twin_error(record, sd, TWIN_MIN_PCT) ** 2
-        of = f"{len(record)} measured change{'s' if len(record) != 1 else ''}"
-        if twin2**0.5 >= band:
-            return (
-                change,
-                (
-                    f"; the twin predicted {p:+.1f}%, but its predictions were off by {twin2**0.5:.1f}% of {of} beyond "
-                    "the noise: judged on the measurement alone"
-                ),
-                0.0,
-            )
-        if abs(change - p) > 2 * (var + twin2) ** 0.5:
-            return (
-                change,
-                (
-                    f"; the twin predicted {p:+.1f}% (within {twin2**0.5:.1f}% of {of}), but this measurement contradicts "
-                    "it beyond both their errors: judged on the measurement alone"
-                ),
-                0.0,
-            )
-        weight = var / (var + twin2)  # of the prediction
-        judged = change + weight * (p - change)
-        return (
-            judged,
-            (
-                f"; measured {change:+.1f}% ({unit_runs}) and predicted {p:+.1f}% (the twin, within {twin2**0.5:.1f}% of "
-                f"{of}; run-to-run noise {sd:.1f}%): {judged:+.1f}%"
-            ),
-            weight,
-        )
-
-    def _surprise(self, e: m.Experiment, change: float, band: float) -> bool:
-        """Whether the measured change differs from the prediction made before the launch by more than the band
-        (with the search on; a change of flags the engine does not model has no prediction to contradict)."""
-        p = e.predicted_change_pct
-        return self.settings.search and p is not None and not e.not_modelled and abs(change - p) > band
-
     def _runs_needed(self, e: m.Experiment, judged: float, band: float, runs: int, base_runs: int,
                      surprise: bool) -> tuple[int, int]:  # fmt: skip
         """The runs a surprise and a gain need before their verdict (judgement.runs_needed), the noise taken at least
@@ -583,19 +515,6 @@ class Method:
             )
             return Judgement(suggestion="crashed", text=f"{what} ({e.failure or 'failed'}){detail}", **common)
         return None
-
-    def _doubt(self, e: m.Experiment, judged: float, band: float, runs: int, base_runs: int, weight: float,
-               base: m.Experiment | None, moved: bool) -> tuple[float | None, float | None, bool]:  # fmt: skip
-        """Of a gain the twin put inside the band (the module docstring): its standard error where it clears the band
-        by less and the twin is heard (no gain); the twin's error here where that is the band or more (not heard),
-        and whether its base is measured again first."""
-        doubt = (self._standard_error(e, runs, base_runs) or 0.0) * (1 - weight) ** 0.5
-        if judged >= band + doubt:
-            return None, None, False
-        sd, record = self.run_sd_pct(e.workload), self.twin_record(e)
-        off = twin_error(record, sd, TWIN_MIN_PCT) if record and sd is not None else 0.0
-        again = base_runs < NEAR_BAND_RUNS and not moved and base is not None and base.status == "finished"
-        return (None, off, again) if off >= band else (doubt, None, False)
 
     def judge(self, e: m.Experiment) -> Judgement:
         """`e` against its base, by the rules in the module docstring."""
