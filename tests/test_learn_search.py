@@ -13,6 +13,7 @@ import pytest
 
 from agent import models as m
 from agent.contracts import Prediction
+from agent.session import Session
 from tests.factories import bench_level
 from tests.test_search import FakePredictor, add, baseline, fake_tok, make_plan, measure, session_for, validate
 from tools import experiments, probes, reports, search
@@ -199,6 +200,46 @@ def test_a_best_adopted_on_one_run_is_measured_again_before_a_verdict_near_the_b
         best = measure(store, s, best, 1165.0)
         j = Method.read(store, s.id).judge(e)  # against both runs of its base now: its own second run next
         assert j.suggestion == "rerun" and "one more run before the verdict" in j.text, j.text
+
+
+def test_a_loss_against_a_best_adopted_on_one_run_measures_that_best_again_first(store, paths, fake_twin) -> None:
+    """A loss past the band by less than CLEAR_SE standard errors, judged against a best adopted on its one run, is
+    no regression yet: that best (one draw, which may read high) is measured again first, and the change is judged
+    against both its runs. A loss past the band by far is a regression at once, and so is any loss with the search
+    off or against a best measured twice."""
+    from tools.method.compute import moves_of
+
+    def against_one_run_best(*values: float, **settings) -> tuple[Session, m.Experiment, m.Experiment]:
+        s = session_for(store, paths, make_plan(["01", "02", "03"]), **settings)
+        base = add(store, s, [], s.plan.target.base_config(), None)
+        base = store.update_experiment(
+            measure(store, s, base, 990.0, 1010.0).model_copy(update={"verdict": "baseline"})
+        )
+        method = Method.read(store, s.id)
+        config = _step_config(method, search.Step("launch", ("01", "02"), ""))
+        fields = search.record_fields(method, ["01", "02"], config=config)
+        best = measure(store, s, add(store, s, ["01", "02"], config, base, **fields), 1165.0)
+        best = store.update_experiment(best.model_copy(update={"verdict": "adopted"}))
+        config = _step_config(Method.read(store, s.id), search.Step("launch", ("03",), ""))
+        return s, best, measure(store, s, add(store, s, ["03"], config, best), *values)
+
+    s, best, e = against_one_run_best(1100.0, 1104.0)  # -5.4% on two runs against one: within 3 SE of the band
+    j = Method.read(store, s.id).judge(e)
+    assert j.suggestion == "rebase" and "adopted on its one run: a lucky draw of that run" in j.text, j.text
+    with s:
+        reports.write_improvement_docs(s)
+        mv = moves_of(s)
+    assert set(mv.reruns) == {best.id} and "adopted on its one run" in mv.reruns[best.id]
+    measure(store, s, best, 1135.0)  # the best's second run: its mean 1,150
+    j = Method.read(store, s.id).judge(e)
+    assert j.suggestion != "rebase" and j.before_tok_s == pytest.approx(1150.0), j.text
+    s, best, e = against_one_run_best(980.0, 982.0)  # -15.8%: past the band by far more than 3 SE
+    assert Method.read(store, s.id).judge(e).suggestion == "regressed"
+    s, best, e = against_one_run_best(1100.0, 1104.0, search=False)  # the greedy path: judged as measured
+    assert Method.read(store, s.id).judge(e).suggestion == "regressed"
+    s, best, e = against_one_run_best(1100.0, 1104.0)
+    measure(store, s, best, 1165.0)  # the best measured twice: no second look
+    assert Method.read(store, s.id).judge(e).suggestion == "regressed"
 
 
 def test_a_surprising_loss_the_noise_explains_is_no_gain_not_a_regression(store, paths, fake_twin) -> None:

@@ -33,7 +33,10 @@ read the ledger through this one module, so an LLM and the built-in policy are h
 - with the search on, a loss is called a regression only when its (judged) mean is beyond the band by its standard
   error (the pooled run-to-run noise over its runs and its base's): a loss just past the band that the noise can
   explain is no gain, not a claim that the change hurts, whether the twin predicted it or not (a rider taken back,
-  predicted -2%, measured -3.3% on one run, is no gain);
+  predicted -2%, measured -3.3% on one run, is no gain); and, with noisy runs, a loss past the band by less than
+  CLEAR_SE standard errors (the noise taken at least SD_FLOOR_PCT) against a best adopted on its one run waits for
+  that best's second run: one lucky draw of the bar reads as a loss in everything judged against it (a best measured
+  +10.5% on one run, truly +7.2%, made a rider truly -1.6% read -4.1%);
 - a gain near the band is measured again before its verdict: with the search on, a change whose (judged) gain lies
   within its standard error of the band, on either side, is rerun until it has NEAR_BAND_RUNS runs, so that a
   true +3.2% that two unlucky runs put at +2.6% is not called no gain, nor a true +1% that two lucky runs put at
@@ -389,6 +392,24 @@ class Method(TwinWord):
         se = self._standard_error(e, runs, base_runs)
         return se if se is not None and -band - se < judged <= -band else None
 
+    def _loss_doubts(self, e: m.Experiment, judged: float, band: float, runs: int, base_runs: int,
+                     base: m.Experiment | None, moved: bool, suggestion: Suggestion,
+                     pairs: paired.Pairing | None) -> tuple[float | None, float | None]:  # fmt: skip
+        """Of a loss about to be called a regression, with the search on (the module docstring): the standard error
+        it does not clear the band by, where the twin predicted it (no gain); else, against a best adopted on its one
+        run, the standard error (the noise taken at least SD_FLOOR_PCT; noisy runs) it clears the band by less than
+        CLEAR_SE of (that best measured again first); else None for each."""
+        if suggestion != "regressed" or not self.settings.search:
+            return None, None
+        unsure = self._unsure_loss(e, judged, band, runs, base_runs) if e.predicted_change_pct is not None else None
+        if unsure is not None:
+            return unsure, None  # a surprise is one too
+        sd = self.run_sd_pct(e.workload)
+        if pairs is not None or not sd or near_move(base, base_runs, moved) != "rebase":  # not a one-run best
+            return None, None
+        se = max(sd, SD_FLOOR_PCT) * (1 / max(runs, 1) + 1 / max(base_runs, 1)) ** 0.5
+        return None, se if judged > -band - CLEAR_SE * se else None
+
     def _standard_error(self, e: m.Experiment, runs: int, base_runs: int) -> float | None:
         """The standard error of `e`'s measured change in points: the pooled run-to-run noise over its runs and its
         base's; None before any experiment ran twice."""
@@ -523,14 +544,8 @@ class Method(TwinWord):
         noise = self.noise_pct(e.workload)
         noops = [i.flag for i in e.audit if i.status == "noop"]
         failed = self.failed_levels(e)
-        common = {
-            "experiment_id": eid,
-            "base_experiment_id": e.base_experiment_id,
-            "band_pct": band,
-            "noise_pct": noise,
-            "noop_flags": noops,
-            "failed_levels": failed,
-        }
+        common = {"experiment_id": eid, "base_experiment_id": e.base_experiment_id, "band_pct": band,
+                  "noise_pct": noise, "noop_flags": noops, "failed_levels": failed}  # fmt: skip
         if (failure := self._failure_judgement(e, failed, common)) is not None:
             return failure
         changed, unmodelled = self.unmodelled_change(e)
@@ -572,9 +587,8 @@ class Method(TwinWord):
         rebase = (suggestion in paired.DECISIVE and pairs is None and not moved and self._pairs(e)
                   and base is not None and base.status == "finished")  # fmt: skip  # (a failed re-measure: no more)
         suggestion = "rebase" if rebase else suggestion  # the base measured again after it (A/B/A) first
-        unsure = (self._unsure_loss(e, judged, band, len(runs), len(before_runs))  # a surprise is one too
-                  if self.settings.search and e.predicted_change_pct is not None else None)  # fmt: skip
-        suggestion = "no_gain" if unsure is not None and suggestion == "regressed" else suggestion
+        unsure, once = self._loss_doubts(e, judged, band, len(runs), len(before_runs), base, moved, suggestion, pairs)
+        suggestion = "no_gain" if unsure is not None else "rebase" if once is not None else suggestion
         near = (self._near_band(e, judged, band, len(runs), len(before_runs), weight)
                 if suggestion in ("adopted", "no_gain") and not rebase and pairs is None else None)  # fmt: skip
         suggestion = near_move(base, len(before_runs), moved) if near is not None else suggestion
@@ -597,6 +611,8 @@ class Method(TwinWord):
                f"{e.predicted_change_pct or 0.0:+.1f}% predicted: no gain, not a regression" if
                unsure is not None and suggestion == "no_gain" else
                words.unheard_clause(band, unheard, p_pct, len(before_runs)) if unheard is not None and again else
+               words.one_run_clause(judged, band, once, self.number(e.base_experiment_id))
+               if once is not None else
                words.near_clause(judged, band, near, len(runs), self.number(base.id) if suggestion == "rebase" else None)
                if near is not None else
                f", beyond the {band:.1f}% noise band by less than its standard error ({doubt:.1f} points) where the "

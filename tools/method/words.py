@@ -8,7 +8,7 @@ import re
 from typing import Protocol
 
 from agent import models as m
-from tools.method.judgement import Suggestion
+from tools.method.judgement import CLEAR_SE, Suggestion
 from tools.method.objective import Objective
 
 
@@ -97,6 +97,16 @@ def near_clause(judged: float, band: float, se: float, runs: int, base_number: i
     return (
         f", {judged - band:+.1f} points from the {band:.1f}% noise band, within its standard error ({se:.1f} points "
         f"on {runs} run{'s' if runs != 1 else ''}): {what}"
+    )
+
+
+def one_run_clause(judged: float, band: float, se: float, base_number: int | None) -> str:
+    """A loss past the band, judged against a best adopted on its one run, in words: that best is measured again
+    before the verdict (a best adopted on one lucky run reads high, and every change judged against it low)."""
+    return (
+        f", {judged + band:+.1f} points past the {band:.1f}% noise band, within {CLEAR_SE:g} standard errors "
+        f"({se:.1f} points) of it, against experiment {base_number}, adopted on its one run: a lucky draw of that run "
+        "reads as a loss here, so the best is measured again before the verdict"
     )
 
 
