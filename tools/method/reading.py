@@ -47,6 +47,9 @@ read the ledger through this one module, so an LLM and the built-in policy are h
   is right more often than not, and a near-band draw of the noise is no reason to believe it wrong. Where it was off
   here by the band or more it is not heard: a base on fewer than NEAR_BAND_RUNS runs is measured again first (a best
   measured highest: what is judged against it reads off by that draw), then the measurements alone judge;
+- with the search on, where every run repeated on the workload gave the same value (`repeats_exactly`: a
+  deterministic engine, the twin without noise; no real engine repeats to the last digit), no verdict waits for
+  another run: a gain, a surprise and a gain inside the band are judged on their one run;
 - a change whose changed flags the engine does not model (a simulated engine: `Experiment.not_modelled`) is not
   measured, whatever numbers the engine gave: its effect is not in them.
 
@@ -359,6 +362,12 @@ class Method(TwinWord):
                 df += len(runs) - 1
         return (squares / df) ** 0.5 if df else None
 
+    def repeats_exactly(self, workload: m.BenchSpec | None = None) -> bool:
+        """Whether every run repeated on `workload` gave the same value (a deterministic engine: the twin without
+        noise): another run adds nothing, so no verdict waits for one. No real engine repeats to the last digit."""
+        sd = self.run_sd_pct(workload)
+        return sd is not None and sd < 1e-9
+
     def _compared(self, e: m.Experiment) -> tuple[int, list[float], list[float]] | None:
         """(the judged level, the base's runs there, e's runs there) for a change measured against its base."""
         base = self.experiment(e.base_experiment_id)
@@ -453,7 +462,9 @@ class Method(TwinWord):
         that were no measurement, no-op flags and flags the twin does not model."""
         text = ""
         if suggestion == "adopted" and self.settings.search and len(self.ok_values(e).get(c) or []) == 1:
-            text += (f"; adopted on its one run: past the band by more than {CLEAR_SE:g} standard errors, as the twin "
+            text += ("; adopted on its one run: every run repeated here gave the same value (no run-to-run noise), so "
+                     "a second adds nothing" if self.repeats_exactly(e.workload) else
+                     f"; adopted on its one run: past the band by more than {CLEAR_SE:g} standard errors, as the twin "
                      f"predicted ({e.predicted_change_pct or 0.0:+.1f}%), which no draw of the noise explains")  # fmt: skip
         if suggestion == "superseded" and best is not None:
             bv = self.ok_values(best).get(c) or []
@@ -577,9 +588,10 @@ class Method(TwinWord):
         surprise = self._surprise(e, change, band)
         p_pct = e.predicted_change_pct if e.predicted_change_pct is not None else float("nan")
         agreed = self.settings.search and not surprise and not e.not_modelled and p_pct < band
-        need, confirm = self._runs_needed(e, judged, band, len(runs), len(before_runs), surprise)
-        suggestion = self._suggest(judged, band, len(runs), moved, need, agreed, confirm)
-        if suggestion == "regressed" and agreed and -band < p_pct and len(runs) < 2:
+        exact = self.settings.search and self.repeats_exactly(e.workload)  # a deterministic engine: no reruns
+        need, confirm = (0, 1) if exact else self._runs_needed(e, judged, band, len(runs), len(before_runs), surprise)
+        suggestion = self._suggest(judged, band, len(runs), moved, need, agreed or exact, confirm)
+        if suggestion == "regressed" and agreed and -band < p_pct and len(runs) < 2 and not exact:
             suggestion = "rerun"  # the twin put it inside the band and one run beyond: a second run confirms the loss
         host_note = self._host_clause(e, c)
         if host_note and suggestion in ("adopted", "regressed") and len(runs) < 2:
