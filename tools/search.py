@@ -20,7 +20,7 @@ no effect where the twin said +16% carries that into every later combination tha
   without it is predicted beyond the noise band (at most REVERTS launches per item);
 - leave-one-out probes of a combined step that fell short of its prediction (tools/probes.py);
 - the checks of the twin's word alone, when nothing else is left and every tier is open (tools/probes.py): the items
-  it recorded `predicted` inside the band that the plan does not agree on, launched together once (doubted); then
+  it recorded `predicted` inside the band, whatever the plan expects of them, launched together once (doubted); then
   the changes judged no gain on one run read with the twin's prediction, once the twin has missed here (leaned); then,
   where the best is a revert of several items measured beyond its prediction, all it took back but the one the
   measurements blame put back once (put_back); then the best configuration's riders, members of an adopted combined
