@@ -34,9 +34,10 @@ read the ledger through this one module, so an LLM and the built-in policy are h
   error (the pooled run-to-run noise over its runs and its base's): a loss just past the band that the noise can
   explain is no gain, not a claim that the change hurts, whether the twin predicted it or not (a rider taken back,
   predicted -2%, measured -3.3% on one run, is no gain); and, with noisy runs, a loss past the band by less than
-  CLEAR_SE standard errors (the noise taken at least SD_FLOOR_PCT) against a best adopted on its one run waits for
-  that best's second run: one lucky draw of the bar reads as a loss in everything judged against it (a best measured
-  +10.5% on one run, truly +7.2%, made a rider truly -1.6% read -4.1%);
+  CLEAR_SE standard errors (the noise taken at least SD_FLOOR_PCT) against a best adopted on fewer than
+  NEAR_BAND_RUNS runs waits for that best's next run: a lucky draw of the bar reads as a loss in everything judged
+  against it (a best measured +10.5% on one run, truly +7.2%, made a rider truly -1.6% read -4.1%; one measured
+  +11.2% on two, truly +8.6%, one truly -2.2% read -5.1%);
 - a gain near the band is measured again before its verdict: with the search on, a change whose (judged) gain lies
   within its standard error of the band, on either side, is rerun until it has NEAR_BAND_RUNS runs, so that a
   true +3.2% that two unlucky runs put at +2.6% is not called no gain, nor a true +1% that two lucky runs put at
@@ -405,16 +406,17 @@ class Method(TwinWord):
                      base: m.Experiment | None, moved: bool, suggestion: Suggestion,
                      pairs: paired.Pairing | None) -> tuple[float | None, float | None]:  # fmt: skip
         """Of a loss about to be called a regression, with the search on (the module docstring): the standard error
-        it does not clear the band by, where the twin predicted it (no gain); else, against a best adopted on its one
-        run, the standard error (the noise taken at least SD_FLOOR_PCT; noisy runs) it clears the band by less than
-        CLEAR_SE of (that best measured again first); else None for each."""
+        it does not clear the band by, where the twin predicted it (no gain); else, against a best adopted on fewer
+        than NEAR_BAND_RUNS runs, the standard error (the noise taken at least SD_FLOOR_PCT; noisy runs) it clears the
+        band by less than CLEAR_SE of (that best measured again first); else None for each."""
         if suggestion != "regressed" or not self.settings.search:
             return None, None
         unsure = self._unsure_loss(e, judged, band, runs, base_runs) if e.predicted_change_pct is not None else None
         if unsure is not None:
             return unsure, None  # a surprise is one too
         sd = self.run_sd_pct(e.workload)
-        if pairs is not None or not sd or near_move(base, base_runs, moved) != "rebase":  # not a one-run best
+        few = base is not None and base.kind != "baseline" and base.status == "finished" and not moved
+        if pairs is not None or not sd or not few or base_runs >= NEAR_BAND_RUNS:  # a best measured enough
             return None, None
         se = max(sd, SD_FLOOR_PCT) * (1 / max(runs, 1) + 1 / max(base_runs, 1)) ** 0.5
         return None, se if judged > -band - CLEAR_SE * se else None
@@ -623,7 +625,7 @@ class Method(TwinWord):
                f"{e.predicted_change_pct or 0.0:+.1f}% predicted: no gain, not a regression" if
                unsure is not None and suggestion == "no_gain" else
                words.unheard_clause(band, unheard, p_pct, len(before_runs)) if unheard is not None and again else
-               words.one_run_clause(judged, band, once, self.number(e.base_experiment_id))
+               words.few_runs_clause(judged, band, once, self.number(e.base_experiment_id), len(before_runs))
                if once is not None else
                words.near_clause(judged, band, near, len(runs), self.number(base.id) if suggestion == "rebase" else None)
                if near is not None else

@@ -100,12 +100,14 @@ def near_clause(judged: float, band: float, se: float, runs: int, base_number: i
     )
 
 
-def one_run_clause(judged: float, band: float, se: float, base_number: int | None) -> str:
-    """A loss past the band, judged against a best adopted on its one run, in words: that best is measured again
-    before the verdict (a best adopted on one lucky run reads high, and every change judged against it low)."""
+def few_runs_clause(judged: float, band: float, se: float, base_number: int | None, base_runs: int) -> str:
+    """A loss past the band, judged against a best adopted on `base_runs` runs (fewer than it takes near the band),
+    in words: that best is measured again before the verdict (a best adopted on lucky runs reads high, and every
+    change judged against it low)."""
+    on = "its one run" if base_runs == 1 else f"{base_runs} runs"
     return (
         f", {judged + band:+.1f} points past the {band:.1f}% noise band, within {CLEAR_SE:g} standard errors "
-        f"({se:.1f} points) of it, against experiment {base_number}, adopted on its one run: a lucky draw of that run "
+        f"({se:.1f} points) of it, against experiment {base_number}, adopted on {on}: a lucky draw of the best "
         "reads as a loss here, so the best is measured again before the verdict"
     )
 
