@@ -284,10 +284,16 @@ async def test_a_pivots_button_sends_the_agent_on(store: Store, paths: Paths, pl
         await pilot.click("#option-1")
         await wait_for(pilot, lambda: app.steps_done == 2)
         assert store.pivots(sid)[0].answer == "1"
-        # the agent went on into tier 2, the last: 02 is settled, then 01, which the plan expects +10% of and the
-        # twin +0.5%, is checked once (tools/probes.py: doubted), and with nothing left the campaign ends
+        # the agent went on into tier 2, the last: 02 is settled, then 01 and 02, which the plan expects +10% and +2%
+        # of and the twin +0.5% and -0.1%, are checked together once (tools/probes.py: doubted), no gain; tier 2's
+        # pivot offers 01 alone or the end, and "stop" ends the campaign
         assert any(row.item == "02" for row in app.board.experiments)
         assert [row.verdict for row in app.board.experiments if row.item == "01"][-1] == "no_gain"
+        second = store.open_pivot(sid)
+        assert second is not None and second.question.startswith("Tier 2 (Config) done."), second
+        stop = next(i for i, o in enumerate(second.options, start=1) if o.startswith("stop"))
+        await pilot.click(f"#option-{stop}")
+        await wait_for(pilot, lambda: app.steps_done == 3)
         assert store.open_pivot(sid) is None and store.get_session(sid).status == "finished"
         assert f"**Answer 1:** {first.options[0]}" in log_text(app)
 
