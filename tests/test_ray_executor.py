@@ -258,4 +258,5 @@ def test_closing_the_run_early_stops_the_running_server(tmp: Path, ray_executor:
     assert first.task.experiment_id == 1 and first.status == "measured"
     assert until(lambda: bool(marked_processes(slow.mark)), 30), "the second server never started"
     run.close()  # the caller stops reading: what still runs is cancelled
-    assert not marked_processes(slow.mark), "the second server outlived the closed run"
+    # its group's last exit is awaited, not clocked (it failed once in CI on a busy host, as the interrupt test did)
+    assert until(lambda: not marked_processes(slow.mark), 5), "the second server outlived the closed run"
