@@ -46,7 +46,7 @@ class TwinWord:
         return out
 
     def with_twin(
-        self, e: m.Experiment, change: float, runs: int, base_runs: int, band: float
+        self: _Reading, e: m.Experiment, change: float, runs: int, base_runs: int, band: float
     ) -> tuple[float, str, float]:
         """The change `e` is judged by, how it was reached, in words, and the prediction's weight in it (0: the
         measurement alone): the measured change, or, when the twin predicted it before launch, its errors on this
