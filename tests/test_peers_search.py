@@ -170,3 +170,32 @@ def test_optuna_gp_without_pytorch_is_refused_before_anything_is_recorded(tmp_pa
     out = CliRunner().invoke(cli, ["--home", str(tmp_path), "run", plan, "--search", "optuna-gp"])
     assert out.exit_code == 1 and "needs PyTorch" in out.output and "pip install torch" in out.output, out.output
     assert not (tmp_path / "state" / "pivot.db").exists()
+
+
+def test_a_stall_pivot_of_a_peer_with_launches_left_offers_to_go_on(tmp_path):
+    """TPE on the held-out ten-item plan, with noise, stalls after three changes without gain while 10 of its 20
+    launches are left: the pivot offers to go on with its next step (the budget left said), not only to stop; the
+    answer `1` goes on."""
+    import json
+
+    from click.testing import CliRunner
+
+    from agent.cli import cli
+
+    root = Path(__file__).resolve().parent.parent
+    plan = str(root / "benchmarks" / "heldout_plans" / "heldout-ten-llama70b-h200x2.toml")
+    runner = CliRunner()
+    args = ["--home", str(tmp_path), "run", plan, "--noise", "0.015", "--search", "optuna-tpe", "--max-launches", "20"]
+    out = runner.invoke(cli, [*args, "--json", "--quiet"], catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    outcome = json.loads(out.stdout)
+    assert outcome["status"] == "pivot" and outcome["question"].startswith("The last 3 changes gave no gain"), outcome
+    first = outcome["options"][0]
+    assert first.startswith("continue: the optuna-tpe proposer's next step (") and "launches left" in first, outcome
+    assert outcome["options"][-1].startswith("stop"), outcome
+    store = Store(tmp_path / "state" / "pivot.db")
+    before = peers.launches_spent(Method.read(store, outcome["session"]))
+    again = runner.invoke(cli, ["--home", str(tmp_path), "resume", outcome["session"], "--answer", "1", "--json",
+                                "--quiet"], catch_exceptions=False)  # fmt: skip
+    assert again.exit_code == 0, again.output
+    assert peers.launches_spent(Method.read(store, outcome["session"])) > before

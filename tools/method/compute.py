@@ -318,6 +318,10 @@ def _work(session: Session, method: Method, mv: Moves) -> None:
     if mv.pivot is not None and mv.pivot.kind in ("crash", "stall"):
         crashed = method.experiment(mv.pivot.experiment_id) if mv.pivot.kind == "crash" else None
         mv.offers = offers(session, method, d, mv.pivot.closes, crashed)
+        if (go_on := _go_on(method, [s for s in released if s.action == "launch"])) and not any(
+            answer == "continue" for answer, _ in mv.offers
+        ):
+            mv.offers.insert(0, go_on)
     if mv.pivot is not None:
         mv.phase, mv.why = "pivot", mv.pivot.why
         _clear(mv)
@@ -328,6 +332,22 @@ def _work(session: Session, method: Method, mv: Moves) -> None:
             else spent or "nothing left to do in the opened tiers"
         )  # fmt: skip
         _clear(mv)
+
+
+def _go_on(method: Method, launches: list[search.Step]) -> tuple[str, str] | None:
+    """At a stall or a crash with launches still proposed in the opened tiers: the option to go on with them (the
+    proposer's next step, and the launch budget left where there is one); None when nothing is proposed."""
+    if not launches:
+        return None
+    first = launches[0]
+    what = " ".join(
+        part for part in ("+".join(first.items), "without " + "+".join(first.reverts) if first.reverts else "") if part
+    )
+    kind = method.settings.proposer
+    who = f"the {kind} proposer's" if kind in peers.PEERS else "the search's" if method.settings.search else "the"
+    budget = method.settings.max_launches
+    left = f"; {budget - peers.launches_spent(method)} of its {budget} launches left" if budget is not None else ""
+    return "continue", f"continue: {who} next step ({what or 'the best configuration'}){left}"
 
 
 def _proposed(method: Method, mv: Moves, validate) -> list[search.Step]:
