@@ -17,6 +17,9 @@ every plan under benchmarks/search_plans/ (or --plans FILES) the truths are, as 
 - s6: two wrongs at once: s1's item has no effect and s2's costs 8%;
 - s7: the hardware unlike its profile elsewhere: host overhead per step x0.5, KV and attention reads at 0.8 of their
   bandwidth efficiency, all-reduce efficiency x0.6, prefill work per token x2;
+- s8: a flag the twin calls a loss gains 8%: of the items outside the twin's best combination that the engine runs
+  and that the twin predicts cost NEUTRAL_PCT or more added to it, the one predicted to cost least (a control or a
+  cap, both guesses putting it at a loss) gains 8% there on the target: the twin settles it unmeasured as a loss;
 - exact: no truth (the twin is right), the rows benchmarks/search_eval.py prints for the search;
 - r1, r2, ... (`--random N`): the twin wrong everywhere at once, at random (seeded by the plan's name and the
   number, so the same files every run): of the flag items the engine runs (none refused, none a no-op), each that
@@ -71,7 +74,7 @@ from agent.plans import load_plan  # noqa: E402
 TRUTHS = ROOT / "benchmarks" / "wrong_twin"
 TRUTH_GRID = ROOT / "benchmarks" / "wrong_twin_grid.json"
 ORIGINALS: dict[Path, Path] = {}  # a plan copy without expected impacts -> its plan (same items, same grid)
-SCENARIOS = ("exact", "s1", "s2", "s3", "s4", "s5", "s6", "s7")
+SCENARIOS = ("exact", "s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8")
 NEUTRAL_PCT = 3.0  # an item predicted within this of no change alone is "neutral" to the twin (s2)
 COST_SCALE = 0.92  # s2: the neutral item costs 8%
 GAIN_SCALE = 1.08  # s4: the neutral item gains 8%
@@ -110,10 +113,10 @@ def _flag_lines(it: m.PlanItem, **effect: object) -> list[str]:
     return out
 
 
-def _scaled_truth(scenario: str, it: m.PlanItem, predicted_pct: float, scale: float) -> str:
+def _scaled_truth(scenario: str, it: m.PlanItem, predicted_pct: float, scale: float, effect: str = "") -> str:
     """The truth file's text of an item the twin predicts `predicted_pct` alone that makes every step 1/scale as
-    long on the target (s2: costs, s4: gains)."""
-    effect = f"costs {100 * (1 - scale):.0f}%" if scale < 1 else f"gains {100 * (scale - 1):.0f}%"
+    long on the target (s2: costs, s4: gains; `effect`: what it does, in words, where it is not `scale`'s)."""
+    effect = effect or (f"costs {100 * (1 - scale):.0f}%" if scale < 1 else f"gains {100 * (scale - 1):.0f}%")
     words = f"{it.title}: the twin predicts {predicted_pct:+.1f}% alone; on this target it {effect}"
     lines = _flag_lines(it, throughput_scale=scale)
     return "\n".join([f'name = "{scenario}-{it.id}"', f"description = {json.dumps(words)}", "", *lines])
@@ -150,7 +153,7 @@ def grid_of(plan_path: Path) -> dict:
 
 
 def truth_texts(plan_path: Path) -> dict[str, str]:
-    """The generated truths of one plan (s1 to s7) as the text of their files; a scenario the plan cannot have (no
+    """The generated truths of one plan (s1 to s8) as the text of their files; a scenario the plan cannot have (no
     item fits it) is left out."""
     plan = load_plan(str(plan_path))
     alone = _alone(plan)
@@ -190,6 +193,16 @@ def truth_texts(plan_path: Path) -> dict[str, str]:
     if quiet:  # the neutral item a search would least likely launch, and the engine runs
         helps = max(quiet, key=lambda i: (quiet[i], i))
         out["s4"] = _scaled_truth("s4", plan.item(helps), quiet[helps], GAIN_SCALE)
+    top = true_tok(plan, _config(plan, best))
+    on_best = {i: (true_tok(plan, _config(plan, (*best, i))) - top) / top * 100 for i in alone if i not in best}
+    losses = {i: v for i, v in on_best.items() if v <= -NEUTRAL_PCT and _runs(plan, plan.item(i))}
+    if losses and top:  # of what the twin settles as a loss on its best, the one a user would least expect to be one
+        gains = max(losses, key=lambda i: (losses[i], i))
+        scale = GAIN_SCALE / (1 + losses[gains] / 100)
+        effect = f"gains {100 * (GAIN_SCALE - 1):.0f}% there"
+        out["s8"] = _scaled_truth("s8", plan.item(gains), losses[gains], scale, effect).replace(
+            " alone;", " on its best;"
+        )
     out["s3"] = "\n".join([
         'name = "s3-hardware"',
         f'description = "host overhead per step x{HOST_SCALE:g}, GEMM efficiency -{100 * (1 - SMALL_ROWS_EFFICIENCY):.0f}% '
@@ -356,7 +369,7 @@ def main() -> None:
     ap.add_argument(
         "--scenarios",
         default=",".join(SCENARIOS),
-        help="Of exact, s1 to s7 and rK, the K-th random truth (comma-separated): r4,r5 runs truths --random 3 "
+        help="Of exact, s1 to s8 and rK, the K-th random truth (comma-separated): r4,r5 runs truths --random 3 "
         "does not, a held-out set.",
     )
     ap.add_argument("--random", type=int, default=0, metavar="N", help="Also N random truths per plan (r1 to rN).")
