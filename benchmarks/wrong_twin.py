@@ -113,11 +113,14 @@ def _flag_lines(it: m.PlanItem, **effect: object) -> list[str]:
     return out
 
 
-def _scaled_truth(scenario: str, it: m.PlanItem, predicted_pct: float, scale: float, effect: str = "") -> str:
-    """The truth file's text of an item the twin predicts `predicted_pct` alone that makes every step 1/scale as
-    long on the target (s2: costs, s4: gains; `effect`: what it does, in words, where it is not `scale`'s)."""
+def _scaled_truth(
+    scenario: str, it: m.PlanItem, predicted_pct: float, scale: float, effect: str = "", where: str = "alone"
+) -> str:
+    """The truth file's text of an item the twin predicts `predicted_pct` `where` (alone, or on its best) that makes
+    every step 1/scale as long on the target (s2: costs, s4: gains; `effect`: what it does, in words, where it is not
+    `scale`'s)."""
     effect = effect or (f"costs {100 * (1 - scale):.0f}%" if scale < 1 else f"gains {100 * (scale - 1):.0f}%")
-    words = f"{it.title}: the twin predicts {predicted_pct:+.1f}% alone; on this target it {effect}"
+    words = f"{it.title}: the twin predicts {predicted_pct:+.1f}% {where}; on this target it {effect}"
     lines = _flag_lines(it, throughput_scale=scale)
     return "\n".join([f'name = "{scenario}-{it.id}"', f"description = {json.dumps(words)}", "", *lines])
 
@@ -200,9 +203,7 @@ def truth_texts(plan_path: Path) -> dict[str, str]:
         gains = max(losses, key=lambda i: (losses[i], i))
         scale = GAIN_SCALE / (1 + losses[gains] / 100)
         effect = f"gains {100 * (GAIN_SCALE - 1):.0f}% there"
-        out["s8"] = _scaled_truth("s8", plan.item(gains), losses[gains], scale, effect).replace(
-            " alone;", " on its best;"
-        )
+        out["s8"] = _scaled_truth("s8", plan.item(gains), losses[gains], scale, effect, where="on its best")
     out["s3"] = "\n".join([
         'name = "s3-hardware"',
         f'description = "host overhead per step x{HOST_SCALE:g}, GEMM efficiency -{100 * (1 - SMALL_ROWS_EFFICIENCY):.0f}% '
