@@ -20,6 +20,9 @@ every plan under benchmarks/search_plans/ (or --plans FILES) the truths are, as 
 - s8: a flag the twin calls a loss gains 8%: of the items outside the twin's best combination that the engine runs
   and that the twin predicts cost NEUTRAL_PCT or more added to it, the one predicted to cost least (a control or a
   cap, both guesses putting it at a loss) gains 8% there on the target: the twin settles it unmeasured as a loss;
+- s9: an interaction the twin does not model: the two flag items the twin's best combination needs most (the best
+  without each is NEUTRAL_PCT or more the worse; the engine runs them) do what the twin says alone, but together every
+  step runs 1/PAIR_SCALE as long (two features that contend for the same resource);
 - exact: no truth (the twin is right), the rows benchmarks/search_eval.py prints for the search;
 - r1, r2, ... (`--random N`): the twin wrong everywhere at once, at random (seeded by the plan's name and the
   number, so the same files every run): of the flag items the engine runs (none refused, none a no-op), each that
@@ -74,13 +77,14 @@ from agent.plans import load_plan  # noqa: E402
 TRUTHS = ROOT / "benchmarks" / "wrong_twin"
 TRUTH_GRID = ROOT / "benchmarks" / "wrong_twin_grid.json"
 ORIGINALS: dict[Path, Path] = {}  # a plan copy without expected impacts -> its plan (same items, same grid)
-SCENARIOS = ("exact", "s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8")
+SCENARIOS = ("exact", "s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "s9")
 NEUTRAL_PCT = 3.0  # an item predicted within this of no change alone is "neutral" to the twin (s2)
 COST_SCALE = 0.92  # s2: the neutral item costs 8%
 GAIN_SCALE = 1.08  # s4: the neutral item gains 8%
 HOST_SCALE = 2.0  # s3: host overhead per step
 SMALL_ROWS_EFFICIENCY = 0.7  # s3: GEMM efficiency at small row counts
 HARM_SCALE = 0.90  # s5: the twin's best item alone costs 10%
+PAIR_SCALE = 0.85  # s9: the twin's two best gains cost 15% together
 S7_SCALES = {  # s7: the profile's figures multiplied
     "calibration.host_ms_per_step": 0.5,
     "calibration.bandwidth_efficiency": 0.8,
@@ -111,6 +115,14 @@ def _flag_lines(it: m.PlanItem, **effect: object) -> list[str]:
         out += [f"value = {json.dumps(value)}"] if value is not None else []
         out += [f"{k} = {json.dumps(v)}" for k, v in effect.items()] + [""]
     return out
+
+
+def _match(it: m.PlanItem) -> str:
+    """The item's first flag as a truth's inline table (an interaction's member)."""
+    flag = it.flags.flags[0] if it.flags is not None else None
+    assert flag is not None, it.id
+    value = flag.value if isinstance(flag.value, str) or flag.value is None else " ".join(flag.value)
+    return f"{{ flag = {json.dumps(flag.name)}" + (f", value = {json.dumps(value)}" if value is not None else "") + " }"
 
 
 def _scaled_truth(
@@ -156,7 +168,7 @@ def grid_of(plan_path: Path) -> dict:
 
 
 def truth_texts(plan_path: Path) -> dict[str, str]:
-    """The generated truths of one plan (s1 to s8) as the text of their files; a scenario the plan cannot have (no
+    """The generated truths of one plan (s1 to s9) as the text of their files; a scenario the plan cannot have (no
     item fits it) is left out."""
     plan = load_plan(str(plan_path))
     alone = _alone(plan)
@@ -204,6 +216,17 @@ def truth_texts(plan_path: Path) -> dict[str, str]:
         scale = GAIN_SCALE / (1 + losses[gains] / 100)
         effect = f"gains {100 * (GAIN_SCALE - 1):.0f}% there"
         out["s8"] = _scaled_truth("s8", plan.item(gains), losses[gains], scale, effect, where="on its best")
+    need = {i: (top - true_tok(plan, _config(plan, tuple(x for x in best if x != i)))) / top * 100
+            for i in best if top and plan.item(i).flags is not None and plan.item(i).flags.flags
+            and _runs(plan, plan.item(i))}  # fmt: skip
+    pair = sorted((i for i in need if need[i] >= NEUTRAL_PCT), key=lambda i: (-need[i], i))[:2]
+    if len(pair) == 2:  # the two the twin's best needs most contend on the target: together they cost 15% more
+        a, b = plan.item(pair[0]), plan.item(pair[1])
+        words = (f"{a.title} and {b.title}, the twin's best {need[pair[0]]:.1f}% and {need[pair[1]]:.1f}% the worse "
+                 f"without each, together cost {100 * (1 - PAIR_SCALE):.0f}% on this target beyond what each does")  # fmt: skip
+        out["s9"] = "\n".join([f'name = "s9-{pair[0]}-{pair[1]}"', f"description = {json.dumps(words)}", "",
+                                "[[interactions]]", f"throughput_scale = {PAIR_SCALE}",
+                                f"flags = [{_match(a)}, {_match(b)}]", ""])  # fmt: skip
     out["s3"] = "\n".join([
         'name = "s3-hardware"',
         f'description = "host overhead per step x{HOST_SCALE:g}, GEMM efficiency -{100 * (1 - SMALL_ROWS_EFFICIENCY):.0f}% '
@@ -370,7 +393,7 @@ def main() -> None:
     ap.add_argument(
         "--scenarios",
         default=",".join(SCENARIOS),
-        help="Of exact, s1 to s8 and rK, the K-th random truth (comma-separated): r4,r5 runs truths --random 3 "
+        help="Of exact, s1 to s9 and rK, the K-th random truth (comma-separated): r4,r5 runs truths --random 3 "
         "does not, a held-out set.",
     )
     ap.add_argument("--random", type=int, default=0, metavar="N", help="Also N random truths per plan (r1 to rN).")

@@ -9,7 +9,7 @@ from agent import models as m
 from agent.contracts import load_engine
 from agent.errors import PivotError
 from tools.engines.sim.costmodel import CostModel
-from tools.engines.sim.truth import Truth, load_truth
+from tools.engines.sim.truth import FlagEffect, Truth, load_truth
 from tools.profiles import load_hardware, load_model
 
 TARGET = {"model_profile": "llama-3.3-70b-fp8", "hardware": "h200", "gpus": 1}
@@ -34,6 +34,22 @@ def test_a_flag_without_effect_is_dropped_and_a_costly_flag_scales():
     assert str(read) == f"{BASE} --chunked-prefill-size 4096" and scale == pytest.approx(0.92)
     read, scale = truth.apply(m.ServerConfig.parse(f"{BASE} --kv-cache-dtype fp8_e5m2"))  # another value: kept
     assert "--kv-cache-dtype fp8_e5m2" in str(read) and scale == 1.0
+
+
+def test_an_interaction_scales_only_with_all_its_flags_read_by_the_target(tmp_path):
+    """Two flags that cost together what neither does alone; a flag the target ignores does not complete the pair."""
+    text = (
+        "[[interactions]]\nthroughput_scale = 0.85\n"
+        "flags = [{ flag = '--enable-mixed-chunk' }, { flag = '--chunked-prefill-size', value = '4096' }]\n"
+    )
+    truth = load_truth(_truth(tmp_path, text))
+    both = f"{BASE} --enable-mixed-chunk --chunked-prefill-size 4096"
+    assert truth.apply(m.ServerConfig.parse(both))[1] == pytest.approx(0.85)
+    for one in (f"{BASE} --enable-mixed-chunk", f"{BASE} --chunked-prefill-size 4096",
+                f"{BASE} --enable-mixed-chunk --chunked-prefill-size 8192"):  # fmt: skip
+        assert truth.apply(m.ServerConfig.parse(one))[1] == 1.0, one
+    ignored = truth.model_copy(update={"flags": (FlagEffect(flag="--enable-mixed-chunk", no_effect=True),)})
+    assert ignored.apply(m.ServerConfig.parse(both))[1] == 1.0
 
 
 def test_a_throughput_scale_divides_every_step_and_keeps_the_power():
@@ -73,6 +89,7 @@ def test_the_hardware_is_scaled_by_dotted_names_and_a_wrong_name_is_refused(tmp_
         ("[[flags]]\nflag = '--x'\n", "give its effect"),
         ("[[flags]]\nflag = '--x'\nno_effect = true\nthroughput_scale = 0.9\n", "two effects"),
         ("nme = 'typo'\n", "not a truth"),
+        ("[[interactions]]\nthroughput_scale = 0.9\nflags = [{ flag = '--x' }]\n", "not a truth"),  # one flag
         ("[[flags]\n", "does not parse"),
     ],
 )

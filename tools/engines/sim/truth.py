@@ -16,6 +16,10 @@ rehearsed against a twin that is wrong in structure, as it is on a real GPU (ben
     flag = "--chunked-prefill-size"
     throughput_scale = 0.92
 
+    [[interactions]]                # flags that cost (or gain) together: every step 1 / throughput_scale as long
+    throughput_scale = 0.85         #   with them all set (none alone does); each flag as in [[flags]]
+    flags = [{ flag = "--enable-mixed-chunk" }, { flag = "--num-continuous-decode-steps", value = "4" }]
+
     [hardware]                      # the target's GPU unlike its profile
     profile = "h200"                # optional: another profile (a name or a file); else the engine's
     [hardware.scale]                # a profile's figures multiplied: dotted names, as in the profile's file
@@ -48,11 +52,24 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class FlagEffect(_Strict):
-    """What one flag really does on the target, where the twin believes otherwise."""
+class FlagMatch(_Strict):
+    """A flag as a truth names it: by its name, and optionally its value."""
 
     flag: str = Field(pattern=r"^--?[A-Za-z0-9][A-Za-z0-9_.-]*$", description="The flag, with its dashes.")
     value: str | None = Field(None, description="Only when the flag has this value (else any value).")
+
+    def matches(self, flag: m.Flag) -> bool:
+        if flag.name != self.flag:
+            return False
+        if self.value is None:
+            return True
+        value = flag.value if isinstance(flag.value, str) or flag.value is None else " ".join(flag.value)
+        return value == self.value
+
+
+class FlagEffect(FlagMatch):
+    """What one flag really does on the target, where the twin believes otherwise."""
+
     no_effect: bool = Field(False, description="The target ignores the flag: it is dropped before the twin runs.")
     throughput_scale: float = Field(
         1.0, gt=0.05, le=20.0, allow_inf_nan=False, description="Every step runs 1 / this as long (0.92: costs 8%)."
@@ -66,13 +83,18 @@ class FlagEffect(_Strict):
             raise ValueError(f"{self.flag}: give its effect (no_effect = true, or a throughput_scale other than 1)")
         return self
 
-    def matches(self, flag: m.Flag) -> bool:
-        if flag.name != self.flag:
-            return False
-        if self.value is None:
-            return True
-        value = flag.value if isinstance(flag.value, str) or flag.value is None else " ".join(flag.value)
-        return value == self.value
+
+class Interaction(_Strict):
+    """Flags that cost (or gain) together on the target what none of them does alone: an interaction the twin does
+    not model (two features that contend for the same resource)."""
+
+    flags: tuple[FlagMatch, ...] = Field(min_length=2, description="The flags, all set for the effect to hold.")
+    throughput_scale: float = Field(
+        gt=0.05, le=20.0, allow_inf_nan=False, description="Every step runs 1 / this as long with them all set."
+    )
+
+    def holds(self, flags: list[m.Flag]) -> bool:
+        return all(any(want.matches(f) for f in flags) for want in self.flags)
 
 
 class HardwareTruth(_Strict):
@@ -90,10 +112,12 @@ class Truth(_Strict):
     name: str = Field("truth", max_length=80)
     description: str = Field("", max_length=2000)
     flags: tuple[FlagEffect, ...] = ()
+    interactions: tuple[Interaction, ...] = ()
     hardware: HardwareTruth = HardwareTruth()
 
     def apply(self, config: m.ServerConfig) -> tuple[m.ServerConfig, float]:
-        """`config` as the target reads it (flags without effect dropped) and the throughput scale of the rest."""
+        """`config` as the target reads it (flags without effect dropped) and the throughput scale of the rest (the
+        flags' own, and the interactions' whose flags the target reads all)."""
         kept, scale = [], 1.0
         for flag in config.flags:
             effects = [e for e in self.flags if e.matches(flag)]
@@ -102,6 +126,8 @@ class Truth(_Strict):
             for e in effects:
                 scale *= e.throughput_scale
             kept.append(flag)
+        for pair in self.interactions:
+            scale *= pair.throughput_scale if pair.holds(kept) else 1.0
         return (config if len(kept) == len(config.flags) else config.model_copy(update={"flags": tuple(kept)})), scale
 
     def hardware_for(self, hardware: str | HardwareProfile, throughput_scale: float = 1.0) -> HardwareProfile:
