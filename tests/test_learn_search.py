@@ -12,11 +12,13 @@ from collections.abc import Callable
 import pytest
 
 from agent import models as m
+from agent.cli.run import best_line
 from agent.contracts import Prediction
 from agent.session import Session
 from tests.factories import bench_level
 from tests.test_search import FakePredictor, add, baseline, fake_tok, make_plan, measure, session_for, validate
 from tools import experiments, probes, reports, search
+from tools.lessons import lessons
 from tools.method import Method, decision
 from tools.method.compute import _step_config
 from tools.method.judgement import runs_needed
@@ -844,3 +846,47 @@ def test_an_item_settled_inside_the_band_that_the_twin_puts_at_a_loss_on_the_bes
     said = [(e.plan_items, e.verdict) for e in _campaign(store, s, truth)]
     assert said == [(["08"], "adopted")], said
     assert WHY[-1].startswith("08: the twin settled it unmeasured as a loss (+0.4% then, -6.0% on the best now)"), WHY
+
+
+def test_a_step_that_falls_short_on_a_best_it_contends_with_takes_back_what_it_contends_with(
+    store, paths, fake_twin
+) -> None:
+    """01+02 (+16%) is the best; TP2 on it is predicted +30% and measures +4% (on the target TP2 and the larger KV
+    pool, 02, contend: together every step is 1/0.8 as long). Adopted, its shortfall is no member's to take apart:
+    the best without 02 is checked (the twin says -13%; +13% if the two contend), gains 8.6% and is adopted, and the
+    checks end there (01 is not taken back): the best is the truth's, 01+07."""
+    s = session_for(store, paths, make_plan(["01", "02", "07"]))
+    baseline(store, s)
+
+    def truth(c: m.ServerConfig) -> float:
+        return fake_tok(c) * (0.8 if "--mem-fraction-static 0.9" in str(c) and "--tp-size 2" in str(c) else 1.0)
+
+    for items in (["01", "02"], ["07"]):  # the best as a search on another tier would have built it
+        method = Method.read(store, s.id)
+        config = _step_config(method, search.Step("launch", tuple(items), ""))
+        e = add(store, s, items, config, method.best(), **search.record_fields(method, items, config=config))
+        e = measure(store, s, e, truth(config))
+        while (j := Method.read(store, s.id).judge(e)).suggestion == "rerun":
+            e = measure(store, s, e, truth(config))
+        store.update_experiment(e.model_copy(update={"verdict": j.suggestion, "reason": j.text}))
+    method = Method.read(store, s.id)
+    assert method.active_items() == ["01", "02", "07"] and [e.number for e, *_ in probes.contended(method, 3.0)] == [3]
+    launched = drive(store, s, truth)
+    assert [(e.reverts, e.verdict) for e in launched] == [(["02"], "adopted")], [
+        (e.reverts, e.verdict) for e in launched
+    ]
+    assert WHY[0].startswith("contention check of experiment 3 (07 measured +4.0% against +30.0% predicted")
+    method = Method.read(store, s.id)
+    assert truth(method.best_config()) == pytest.approx(1310.4)
+    found = lessons(method)
+    assert found is not None and [(c.step, c.item) for c in found.contentions] == [(["07"], "02")]
+    line = next(x for x in found.lines() if "contend" in x)
+    assert line.startswith("- 07 TP2 instead of PP2 and 02 More memory for the KV pool contend on this target: 07 "
+                           "measured +4.0% against +30.0% predicted on a best holding 02, and the best without 02 "
+                           "+8.6% against -13.1%"), line  # fmt: skip
+    assert found.as_json()["contentions"][0]["experiments"] == [3, 4]
+    assert (best_line(s) or "").startswith("best: experiment 4 (without 02: 01+07), 1,310 output tok/s"), best_line(s)
+    told = [x for x in found.lines() if x.startswith(("- 02 ", "- 07 ")) and "contend on" not in x]
+    assert told and all(
+        x.endswith("(read with the contention below: a per-item term carries part of it)") for x in told
+    )

@@ -5,7 +5,9 @@ every configuration on this target, and for each plan item the campaign measured
 alone on the base configuration against the effect the measurements leave it (the same prediction, corrected), with
 its interval and the experiments it rests on. An item whose corrected effect is inside the noise band where the twin
 claimed more is "no effect on this target"; one that costs where the twin said neutral "costs N%"; an item whose
-effect is still uncertain (measured only inside combined steps that cannot be told apart) is said to be so.
+effect is still uncertain (measured only inside combined steps that cannot be told apart) is said to be so. Items
+that contend (a step that fell short on a best holding an item, and the best without that item gaining beyond the
+twin's word: tools/probes.py's contention checks) are stated as such: a sum of per-item terms cannot say it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from tools import search
+from tools import probes, search
 from tools.fit import Fit, fit_target
 from tools.method.reading import Method
 
@@ -52,6 +54,30 @@ class ItemLesson:
 
 
 @dataclass
+class Contention:
+    """Items that cost together on this target what the twin does not say: a step that fell short on a best holding
+    `item`, and the best without `item` gaining beyond the twin's prediction (tools/probes.py: contentions)."""
+
+    step: list[str]
+    item: str
+    step_measured_pct: float
+    step_predicted_pct: float
+    without_measured_pct: float
+    without_predicted_pct: float
+    experiments: list[int]
+
+    def text(self, titles: dict[str, str]) -> str:
+        step = " + ".join(f"{i} {titles.get(i, '')}".strip() for i in self.step)
+        return (
+            f"{step} and {self.item} {titles.get(self.item, '')} contend on this target: {'+'.join(self.step)} measured "
+            f"{self.step_measured_pct:+.1f}% against {self.step_predicted_pct:+.1f}% predicted on a best holding "
+            f"{self.item}, and the best without {self.item} {self.without_measured_pct:+.1f}% against "
+            f"{self.without_predicted_pct:+.1f}% (experiments {', '.join(f'#{n}' for n in self.experiments)}): the twin "
+            "does not model what they cost together"
+        )
+
+
+@dataclass
 class Lessons:
     """The campaign's conclusions about the twin at the judged level."""
 
@@ -61,6 +87,8 @@ class Lessons:
     common_sd_pct: float
     band_pct: float
     items: list[ItemLesson] = field(default_factory=list)
+    contentions: list[Contention] = field(default_factory=list)
+    titles: dict[str, str] = field(default_factory=dict, repr=False)
 
     def lines(self) -> list[str]:
         """The conclusions, one line each, for a summary."""
@@ -80,13 +108,16 @@ class Lessons:
         wrong = [i for i in self.items if i.kind != "as_predicted"]
         right = [i for i in self.items if i.kind == "as_predicted"]
         out = [common, ""]
-        out += [f"- {i.text()}" for i in wrong]
+        tied = {i for c in self.contentions for i in (*c.step, c.item)}
+        out += [f"- {i.text()}" + (" (read with the contention below: a per-item term carries part of it)"
+                                    if i.item in tied else "") for i in wrong]  # fmt: skip
+        out += [f"- {c.text(self.titles)}" for c in self.contentions]
         if right:
             out.append("- As the twin predicts: " + ", ".join(f"{i.item} {i.title}" for i in right) + ".")
         return out
 
     def as_json(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "titles"}
 
 
 def lessons(method: Method) -> Lessons | None:
@@ -108,6 +139,11 @@ def lessons(method: Method) -> Lessons | None:
         math.exp(common) * common_sd * 100,
         band,
     )
+    out.titles = {it.id: it.title for it in method.plan.items}
+    for e, x, item_id in probes.contentions(method, band):
+        got, without = method.judge(e).change_pct, method.judge(x).change_pct
+        out.contentions.append(Contention(list(e.plan_items), item_id, got or 0.0, e.predicted_change_pct or 0.0,
+                                          without or 0.0, x.predicted_change_pct or 0.0, [e.number, x.number]))  # fmt: skip
     if not b:
         return out
     for item in method.plan.items:

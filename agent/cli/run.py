@@ -171,11 +171,14 @@ def best_line(session: Session) -> str | None:
             f"best: nothing has beaten the baseline yet (experiment {base.number}, {n(b)} {method.objective.at(top)})"
         )
     after = method.ok_values(best).get(top) or []
+    items = "+".join(best.plan_items) or "a change"
+    if best.reverts:  # a step that took items back says so, and what the best holds now
+        held = "+".join(method.active_items()) or "no plan item"
+        items = f"{'+'.join(best.plan_items) + ' ' if best.plan_items else ''}without {'+'.join(best.reverts)}: {held}"
     if not after:
-        return f"best: experiment {best.number} ({'+'.join(best.plan_items) or 'a change'})"
+        return f"best: experiment {best.number} ({items})"
     a = sum(after) / len(after)
     pct = f" ({(a - b) / b * 100:+.1f}%)" if b > 0 else ""
-    items = "+".join(best.plan_items) or "a change"
     return (
         f"best: experiment {best.number} ({items}), {n(a)} {method.objective.at(top)} against the baseline's {n(b)}"
         f"{pct}"

@@ -393,10 +393,10 @@ class Method(TwinWord):
                      surprise: bool) -> tuple[int, int]:  # fmt: skip
         """The runs a surprise and a gain need before their verdict (judgement.runs_needed), the noise taken at least
         SD_FLOOR_PCT."""
-        se = self._floored_se(e, runs, base_runs)
+        se = self.floored_se(e, runs, base_runs)
         return runs_needed(judged, band, e.predicted_change_pct if not e.not_modelled else None, surprise, se)
 
-    def _floored_se(self, e: m.Experiment, runs: int, base_runs: int) -> float:
+    def floored_se(self, e: m.Experiment, runs: int, base_runs: int) -> float:
         """The standard error of `e`'s change in points, the run-to-run noise taken at least SD_FLOOR_PCT (a noise
         measured on few runs often reads low)."""
         sd = max(self.run_sd_pct(e.workload) or 0.0, SD_FLOOR_PCT)
@@ -424,7 +424,7 @@ class Method(TwinWord):
         few = base is not None and base.kind != "baseline" and base.status == "finished" and not moved
         if pairs is not None or not sd or not few or base_runs >= NEAR_BAND_RUNS:  # a best measured enough
             return None, None
-        se = self._floored_se(e, runs, base_runs)
+        se = self.floored_se(e, runs, base_runs)
         return None, se if judged > -band - CLEAR_SE * se else None
 
     def _standard_error(self, e: m.Experiment, runs: int, base_runs: int) -> float | None:
