@@ -23,6 +23,8 @@ every plan under benchmarks/search_plans/ (or --plans FILES) the truths are, as 
 - s9: an interaction the twin does not model: the two flag items the twin's best combination needs most (the best
   without each is NEUTRAL_PCT or more the worse; the engine runs them) do what the twin says alone, but together every
   step runs 1/PAIR_SCALE as long (two features that contend for the same resource);
+- s10: s9 harder: together every step runs 1/HARD_PAIR_SCALE as long (the one of the two launched second, on a best
+  holding the other, no longer gains);
 - exact: no truth (the twin is right), the rows benchmarks/search_eval.py prints for the search;
 - r1, r2, ... (`--random N`): the twin wrong everywhere at once, at random (seeded by the plan's name and the
   number, so the same files every run): of the flag items the engine runs (none refused, none a no-op), each that
@@ -77,7 +79,7 @@ from agent.plans import load_plan  # noqa: E402
 TRUTHS = ROOT / "benchmarks" / "wrong_twin"
 TRUTH_GRID = ROOT / "benchmarks" / "wrong_twin_grid.json"
 ORIGINALS: dict[Path, Path] = {}  # a plan copy without expected impacts -> its plan (same items, same grid)
-SCENARIOS = ("exact", "s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "s9")
+SCENARIOS = ("exact", "s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "s9", "s10")
 NEUTRAL_PCT = 3.0  # an item predicted within this of no change alone is "neutral" to the twin (s2)
 COST_SCALE = 0.92  # s2: the neutral item costs 8%
 GAIN_SCALE = 1.08  # s4: the neutral item gains 8%
@@ -85,6 +87,7 @@ HOST_SCALE = 2.0  # s3: host overhead per step
 SMALL_ROWS_EFFICIENCY = 0.7  # s3: GEMM efficiency at small row counts
 HARM_SCALE = 0.90  # s5: the twin's best item alone costs 10%
 PAIR_SCALE = 0.85  # s9: the twin's two best gains cost 15% together
+HARD_PAIR_SCALE = 0.70  # s10: 30% (the second of them launched on the first no longer gains)
 S7_SCALES = {  # s7: the profile's figures multiplied
     "calibration.host_ms_per_step": 0.5,
     "calibration.bandwidth_efficiency": 0.8,
@@ -168,7 +171,7 @@ def grid_of(plan_path: Path) -> dict:
 
 
 def truth_texts(plan_path: Path) -> dict[str, str]:
-    """The generated truths of one plan (s1 to s9) as the text of their files; a scenario the plan cannot have (no
+    """The generated truths of one plan (s1 to s10) as the text of their files; a scenario the plan cannot have (no
     item fits it) is left out."""
     plan = load_plan(str(plan_path))
     alone = _alone(plan)
@@ -222,11 +225,12 @@ def truth_texts(plan_path: Path) -> dict[str, str]:
     pair = sorted((i for i in need if need[i] >= NEUTRAL_PCT), key=lambda i: (-need[i], i))[:2]
     if len(pair) == 2:  # the two the twin's best needs most contend on the target: together they cost 15% more
         a, b = plan.item(pair[0]), plan.item(pair[1])
-        words = (f"{a.title} and {b.title}, the twin's best {need[pair[0]]:.1f}% and {need[pair[1]]:.1f}% the worse "
-                 f"without each, together cost {100 * (1 - PAIR_SCALE):.0f}% on this target beyond what each does")  # fmt: skip
-        out["s9"] = "\n".join([f'name = "s9-{pair[0]}-{pair[1]}"', f"description = {json.dumps(words)}", "",
-                                "[[interactions]]", f"throughput_scale = {PAIR_SCALE}",
-                                f"flags = [{_match(a)}, {_match(b)}]", ""])  # fmt: skip
+        for sc, scale in (("s9", PAIR_SCALE), ("s10", HARD_PAIR_SCALE)):
+            words = (f"{a.title} and {b.title}, the twin's best {need[pair[0]]:.1f}% and {need[pair[1]]:.1f}% the "
+                     f"worse without each, together cost {100 * (1 - scale):.0f}% on this target beyond what each does")  # fmt: skip
+            out[sc] = "\n".join([f'name = "{sc}-{pair[0]}-{pair[1]}"', f"description = {json.dumps(words)}", "",
+                                  "[[interactions]]", f"throughput_scale = {scale}",
+                                  f"flags = [{_match(a)}, {_match(b)}]", ""])  # fmt: skip
     out["s3"] = "\n".join([
         'name = "s3-hardware"',
         f'description = "host overhead per step x{HOST_SCALE:g}, GEMM efficiency -{100 * (1 - SMALL_ROWS_EFFICIENCY):.0f}% '
@@ -393,7 +397,7 @@ def main() -> None:
     ap.add_argument(
         "--scenarios",
         default=",".join(SCENARIOS),
-        help="Of exact, s1 to s9 and rK, the K-th random truth (comma-separated): r4,r5 runs truths --random 3 "
+        help="Of exact, s1 to s10 and rK, the K-th random truth (comma-separated): r4,r5 runs truths --random 3 "
         "does not, a held-out set.",
     )
     ap.add_argument("--random", type=int, default=0, metavar="N", help="Also N random truths per plan (r1 to rN).")

@@ -890,3 +890,35 @@ def test_a_step_that_falls_short_on_a_best_it_contends_with_takes_back_what_it_c
     assert told and all(
         x.endswith("(read with the contention below: a per-item term carries part of it)") for x in told
     )
+
+
+def test_a_step_whose_gain_a_contention_takes_is_launched_again_without_what_it_contends_with(
+    store, paths, fake_twin
+) -> None:
+    """As above, but TP2 and the larger KV pool contend harder (together every step is 1/0.7 as long): TP2 on the
+    best measures -9% against +30% and is not adopted. The best with TP2 and without 02 is checked (+13% if the two
+    contend), adopted, and the best is the truth's, 01+07; the summary says the two contend."""
+    s = session_for(store, paths, make_plan(["01", "02", "07"]))
+    baseline(store, s)
+
+    def truth(c: m.ServerConfig) -> float:
+        return fake_tok(c) * (0.7 if "--mem-fraction-static 0.9" in str(c) and "--tp-size 2" in str(c) else 1.0)
+
+    for items in (["01", "02"], ["07"]):
+        method = Method.read(store, s.id)
+        config = _step_config(method, search.Step("launch", tuple(items), ""))
+        e = add(store, s, items, config, method.best(), **search.record_fields(method, items, config=config))
+        e = measure(store, s, e, truth(config))
+        while (j := Method.read(store, s.id).judge(e)).suggestion == "rerun":
+            e = measure(store, s, e, truth(config))
+        store.update_experiment(e.model_copy(update={"verdict": j.suggestion, "reason": j.text}))
+    method = Method.read(store, s.id)
+    assert method.active_items() == ["01", "02"] and method.experiments[-1].verdict in ("regressed", "no_gain")
+    launched = drive(store, s, truth)
+    said = [(e.plan_items, e.reverts, e.verdict) for e in launched]
+    assert said[:1] == [(["07"], ["02"], "adopted")], said
+    assert WHY[0].startswith("contention check of experiment 3 (07 measured -9.0% against +30.0% predicted"), WHY[0]
+    method = Method.read(store, s.id)
+    assert truth(method.best_config()) == pytest.approx(1310.4) and len(launched) <= 2
+    found = lessons(method)
+    assert found is not None and [(c.step, c.item) for c in found.contentions] == [(["07"], "02")]

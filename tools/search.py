@@ -521,8 +521,8 @@ def candidates(method: Method, d: Decision, surrogate: Surrogate | None = None) 
     out += _reverts(method, sur)
     out += _swaps(method, sur, sorted(out, key=lambda c: -c.gain))
     by_gain = sorted(modelled, key=lambda i: -(alone[i].change_pct or 0))
-    contend = [Candidate((), sur.estimate((), (i,)), "revert", {}, why, reverts=(i,), probe=back)
-               for i, back, why in probes.contention(method, sur.estimate, band)]  # fmt: skip
+    contend = [Candidate(add, sur.estimate(add, (i,)), "revert", {}, why, reverts=(i,), probe=back)
+               for add, i, back, why in probes.contention(method, sur.estimate, band)]  # fmt: skip
     for probe in [*leave_one_out(method, sur, by_gain), *contend]:
         same = next((c for c in out if (c.items, c.reverts) == (probe.items, probe.reverts)), None)
         if same is None:
