@@ -105,8 +105,10 @@ def test_launch_ready_benchmark_telemetry_stop(session, store, paths):
         assert [(lv.completed, lv.failed) for lv in result.levels] == [(2, 0), (4, 0)]
         assert result.source == "simulated" and result.engine == "sim-http" and not result.interrupted
         assert any("100x faster" in w for w in result.levels[0].warnings)
-        # converted to simulated time: GLM-5's TPOT at concurrency 1 is about 100 ms on the twin (1 ms on the wall)
-        assert 60 < result.levels[0].mean_tpot_ms < 160, result.levels[0].mean_tpot_ms
+        # converted to simulated time: GLM-5's TPOT at concurrency 1 is about 100 ms on the twin (1 ms on the wall).
+        # The bounds ask for the conversion (unconverted reads ~1 ms, converted twice ~10 s), not for the wall's timing:
+        # on a busy host tokens come late or in bursts (41.8 ms seen with both cores taken), so no narrower band holds.
+        assert 20 < result.levels[0].mean_tpot_ms < 500, result.levels[0].mean_tpot_ms
         assert any(line.startswith("level 2/2") for line in lines)
         # power and the server's state were sampled during each level
         assert [t.max_concurrency for t in deployment.level_telemetry] == [1, 4]

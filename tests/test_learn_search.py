@@ -848,6 +848,19 @@ def test_an_item_settled_inside_the_band_that_the_twin_puts_at_a_loss_on_the_bes
     assert WHY[-1].startswith("08: the twin settled it unmeasured as a loss (+0.4% then, -6.0% on the best now)"), WHY
 
 
+def _build(store, s, truth, steps) -> None:
+    """Launch each step on the best in turn, rerun while the method asks, and record its verdict (a best built by hand,
+    as a search on another tier would have built it)."""
+    for items in steps:
+        method = Method.read(store, s.id)
+        config = _step_config(method, search.Step("launch", tuple(items), ""))
+        e = add(store, s, items, config, method.best(), **search.record_fields(method, items, config=config))
+        e = measure(store, s, e, truth(config))
+        while (j := Method.read(store, s.id).judge(e)).suggestion == "rerun":
+            e = measure(store, s, e, truth(config))
+        store.update_experiment(e.model_copy(update={"verdict": j.suggestion, "reason": j.text}))
+
+
 def test_a_step_that_falls_short_on_a_best_it_contends_with_takes_back_what_it_contends_with(
     store, paths, fake_twin
 ) -> None:
@@ -861,14 +874,7 @@ def test_a_step_that_falls_short_on_a_best_it_contends_with_takes_back_what_it_c
     def truth(c: m.ServerConfig) -> float:
         return fake_tok(c) * (0.8 if "--mem-fraction-static 0.9" in str(c) and "--tp-size 2" in str(c) else 1.0)
 
-    for items in (["01", "02"], ["07"]):  # the best as a search on another tier would have built it
-        method = Method.read(store, s.id)
-        config = _step_config(method, search.Step("launch", tuple(items), ""))
-        e = add(store, s, items, config, method.best(), **search.record_fields(method, items, config=config))
-        e = measure(store, s, e, truth(config))
-        while (j := Method.read(store, s.id).judge(e)).suggestion == "rerun":
-            e = measure(store, s, e, truth(config))
-        store.update_experiment(e.model_copy(update={"verdict": j.suggestion, "reason": j.text}))
+    _build(store, s, truth, (["01", "02"], ["07"]))  # the best as a search on another tier would have built it
     method = Method.read(store, s.id)
     assert method.active_items() == ["01", "02", "07"] and [e.number for e, *_ in probes.contended(method, 3.0)] == [3]
     launched = drive(store, s, truth)
@@ -904,14 +910,7 @@ def test_a_step_whose_gain_a_contention_takes_is_launched_again_without_what_it_
     def truth(c: m.ServerConfig) -> float:
         return fake_tok(c) * (0.7 if "--mem-fraction-static 0.9" in str(c) and "--tp-size 2" in str(c) else 1.0)
 
-    for items in (["01", "02"], ["07"]):
-        method = Method.read(store, s.id)
-        config = _step_config(method, search.Step("launch", tuple(items), ""))
-        e = add(store, s, items, config, method.best(), **search.record_fields(method, items, config=config))
-        e = measure(store, s, e, truth(config))
-        while (j := Method.read(store, s.id).judge(e)).suggestion == "rerun":
-            e = measure(store, s, e, truth(config))
-        store.update_experiment(e.model_copy(update={"verdict": j.suggestion, "reason": j.text}))
+    _build(store, s, truth, (["01", "02"], ["07"]))
     method = Method.read(store, s.id)
     assert method.active_items() == ["01", "02"] and method.experiments[-1].verdict in ("regressed", "no_gain")
     launched = drive(store, s, truth)
