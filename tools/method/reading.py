@@ -30,14 +30,16 @@ read the ledger through this one module, so an LLM and the built-in policy are h
   SURPRISE_RUNS runs before it is adopted or called a regression (a loss too: with two, three false regressions
   appeared in 140 wrong-twin campaigns, near the band), but two for a loss CLEAR_SE standard errors past the band;
   predicted +8.6% and measured +12.8% both say adopt, and a gain's usual second run confirms it;
-- with the search on, a loss is called a regression only when its (judged) mean is beyond the band by its standard
-  error (the pooled run-to-run noise over its runs and its base's): a loss just past the band that the noise can
-  explain is no gain, not a claim that the change hurts, whether the twin predicted it or not (a rider taken back,
-  predicted -2%, measured -3.3% on one run, is no gain); and, with noisy runs, a loss past the band by less than
-  CLEAR_SE standard errors (the noise taken at least SD_FLOOR_PCT) against a best adopted on fewer than
-  NEAR_BAND_RUNS runs waits for that best's next run: a lucky draw of the bar reads as a loss in everything judged
-  against it (a best measured +10.5% on one run, truly +7.2%, made a rider truly -1.6% read -4.1%; one measured
-  +11.2% on two, truly +8.6%, one truly -2.2% read -5.1%);
+- with the search on, a loss is called a regression only when its (judged) mean is beyond the band by LOSS_SE
+  standard errors (the pooled run-to-run noise over its runs and its base's): a loss just past the band that the
+  noise can explain is no gain, not a claim that the change hurts, whether the twin predicted it or not (a rider
+  taken back, predicted -2%, measured -3.3% on one run, is no gain; with one standard error, 2 of 110 noisy
+  wrong-twin rows called a loss a true -1..-2% change reads at a regression); and, with noisy runs, a loss past the
+  band by more than one standard error but less than CLEAR_SE (the noise taken at least SD_FLOOR_PCT) against a
+  best adopted on fewer than NEAR_BAND_RUNS runs waits for that best's next run before it is no gain or a
+  regression: a lucky draw of the bar reads as a loss in everything judged against it (a best measured +10.5% on
+  one run, truly +7.2%, made a rider truly -1.6% read -4.1%; one measured +11.2% on two, truly +8.6%, one truly
+  -2.2% read -5.1%), and the next gain judged against it would read low too;
 - a gain near the band is measured again before its verdict: with the search on, a change whose (judged) gain lies
   within its standard error of the band, on either side, is rerun until it has NEAR_BAND_RUNS runs, so that a
   true +3.2% that two unlucky runs put at +2.6% is not called no gain, nor a true +1% that two lucky runs put at
@@ -72,6 +74,7 @@ from agent.store import Store
 from tools.method import paired, words
 from tools.method.judgement import (  # noqa: F401 (re-exported)
     CLEAR_SE,
+    LOSS_SE,
     NEAR_BAND_RUNS,
     OWN_SPREAD_FACTOR,
     SD_FLOOR_PCT,
@@ -403,29 +406,30 @@ class Method(TwinWord):
         return sd * (1 / max(runs, 1) + 1 / max(base_runs, 1)) ** 0.5
 
     def _unsure_loss(self, e: m.Experiment, judged: float, band: float, runs: int, base_runs: int) -> float | None:
-        """The standard error of a surprising loss past the band that it does not clear (see the module docstring),
-        else None."""
+        """The standard error of a loss past the band that it does not clear by LOSS_SE of them (see the module
+        docstring), else None."""
         se = self._standard_error(e, runs, base_runs)
-        return se if se is not None and -band - se < judged <= -band else None
+        return se if se is not None and -band - LOSS_SE * se < judged <= -band else None
 
     def _loss_doubts(self, e: m.Experiment, judged: float, band: float, runs: int, base_runs: int,
                      base: m.Experiment | None, moved: bool, suggestion: Suggestion,
                      pairs: paired.Pairing | None) -> tuple[float | None, float | None]:  # fmt: skip
         """Of a loss about to be called a regression, with the search on (the module docstring): the standard error
-        it does not clear the band by, where the twin predicted it (no gain); else, against a best adopted on fewer
-        than NEAR_BAND_RUNS runs, the standard error (the noise taken at least SD_FLOOR_PCT; noisy runs) it clears the
-        band by less than CLEAR_SE of (that best measured again first); else None for each."""
+        it does not clear the band by, where the twin predicted it (no gain at once); else, against a best adopted on
+        fewer than NEAR_BAND_RUNS runs, the standard error (the noise taken at least SD_FLOOR_PCT; noisy runs) it
+        clears the band by less than CLEAR_SE of (that best measured again first); else the standard error of a loss
+        past the band by less than LOSS_SE of them (no gain); else None for each."""
         if suggestion != "regressed" or not self.settings.search:
             return None, None
         unsure = self._unsure_loss(e, judged, band, runs, base_runs) if e.predicted_change_pct is not None else None
-        if unsure is not None:
+        if unsure is not None and judged > -band - unsure:
             return unsure, None  # a surprise is one too
         sd = self.run_sd_pct(e.workload)
         few = base is not None and base.kind != "baseline" and base.status == "finished" and not moved
         if pairs is not None or not sd or not few or base_runs >= NEAR_BAND_RUNS:  # a best measured enough
-            return None, None
+            return unsure, None
         se = self.floored_se(e, runs, base_runs)
-        return None, se if judged > -band - CLEAR_SE * se else None
+        return (None, se) if judged > -band - CLEAR_SE * se else (unsure, None)
 
     def _standard_error(self, e: m.Experiment, runs: int, base_runs: int) -> float | None:
         """The standard error of `e`'s measured change in points: the pooled run-to-run noise over its runs and its
@@ -627,7 +631,8 @@ class Method(TwinWord):
             + spread_note
             + host_note
             + (paired.rebase_words(self.number(e.base_experiment_id), band) if rebase else
-               f", past the {band:.1f}% noise band by less than its standard error ({unsure:.1f}%) against the "
+               f", past the {band:.1f}% noise band by less than {LOSS_SE:g} standard errors ({unsure:.1f} points "
+               f"each) against the "
                f"{e.predicted_change_pct or 0.0:+.1f}% predicted: no gain, not a regression" if
                unsure is not None and suggestion == "no_gain" else
                words.unheard_clause(band, unheard, p_pct, len(before_runs)) if unheard is not None and again else

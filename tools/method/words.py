@@ -106,7 +106,7 @@ def few_runs_clause(judged: float, band: float, se: float, base_number: int | No
     change judged against it low)."""
     on = "its one run" if base_runs == 1 else f"{base_runs} runs"
     return (
-        f", {judged + band:+.1f} points past the {band:.1f}% noise band, within {CLEAR_SE:g} standard errors "
+        f", {-band - judged:.1f} points past the {band:.1f}% noise band, within {CLEAR_SE:g} standard errors "
         f"({se:.1f} points) of it, against experiment {base_number}, adopted on {on}: a lucky draw of the best "
         "reads as a loss here, so the best is measured again before the verdict"
     )
