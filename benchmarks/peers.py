@@ -33,6 +33,11 @@ one item at a time until no switch gains, and printed under the table. pivot's c
 method (benchmarks/search_eval.py's campaign), unbounded and again under each budget they went past:
 
     .venv/bin/python benchmarks/peers.py --large --seeds 5 --jobs 2
+
+`--plans FILE...` runs plans of your own the same way; a plan of at most 10 items (EXHAUSTIVE combinations) is
+scored against the best of every combination, valued once each:
+
+    .venv/bin/python benchmarks/peers.py --plans my-plan.toml --seeds 5 --jobs 2
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 BUDGETS = (8, 16, 32, 64)
 TARGET = 0.99
+EXHAUSTIVE = 1024  # --plans: a plan with at most this many combinations is scored against every one's best
 MIN_GAIN = 0.03
 
 Measure = Callable[[tuple[str, ...]], float]
@@ -230,6 +236,40 @@ def _pivot_row(name: str, mine: list[dict], best: float) -> str:
             + " | ".join(at) + f" | {statistics.mean(ratios):.4f} |")  # fmt: skip
 
 
+def valued_plan(path: Path, peers: dict[str, object], args: argparse.Namespace) -> str:
+    """Print a plan's rows with its combinations valued by the twin as the proposers launch them (--large, --plans):
+    the reference is every combination's best where there are at most EXHAUSTIVE of them, else the best any proposer
+    finds (each peer again with --reference-budget noise-free launches, and pivot's campaigns), hill-climbed one item
+    at a time until no switch gains. Returns the note that says which."""
+    points = TwinPoints(path)
+    grid = {"items": points.items, "points": points}
+    mine = pivot_rows_large(path, args.seeds, args.noise, args.jobs)
+    runs = {peer: [run(grid, order, seed, args.noise, args.budget) for seed in range(1, args.seeds + 1)]
+            for peer, order in peers.items()}  # fmt: skip
+    size = 2 ** len(points.items)
+    if size <= EXHAUSTIVE:
+        for n in range(size):
+            points.get(key(tuple(i for i, bit in zip(points.items, f"{n:0{len(points.items)}b}", strict=True)
+                                 if bit == "1")))  # fmt: skip
+    else:
+        for peer, order in peers.items():  # the reference: every proposer with a large budget, then a climb
+            if peer != "plan-order":
+                run(grid, order, 0, 0.0, args.reference_budget)
+        for r in mine:
+            points.get(r["final_key"])
+    found = max(points, key=lambda k: points[k])
+    top = found if size <= EXHAUSTIVE else points.climb(found)
+    best = points[top]
+    print(_pivot_row(points.plan.name, mine, best))
+    for peer, values in runs.items():
+        print(_peer_row(points.plan.name, peer, values, best))
+    if size <= EXHAUSTIVE:
+        return f"{points.plan.name}: {len(points.items)} items, every one of {size:,} combinations valued; best {top or '(base)'} {best:,.0f} output tok/s"
+    return (f"{points.plan.name}: {len(points.items)} items ({size:,} combinations), {len(points):,} valued; best "
+            f"known {top or '(base)'} {best:,.0f} output tok/s"
+            + ("" if top == found else f" (hill-climbed from {found}, {points[found]:,.0f})"))  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=10)
@@ -248,7 +288,13 @@ def main(argv: list[str] | None = None) -> int:
         default=256,
         help="--large: each peer's launches for the reference (then hill-climbed from the best found).",
     )
-    ap.add_argument("--jobs", type=int, default=2, help="--large: processes for pivot's campaigns.")
+    ap.add_argument(
+        "--plans",
+        nargs="+",
+        help="Plan files of your own, run as --large runs its plans: valued by the twin as launched, pivot's "
+        f"campaigns run here; the reference every combination's best up to {EXHAUSTIVE:,} of them.",
+    )
+    ap.add_argument("--jobs", type=int, default=2, help="--large, --plans: processes for pivot's campaigns.")
     args = ap.parse_args(argv)
     peers: dict[str, object] = {"plan-order": plan_order, "random": random_order}
     for kind in ("tpe", "gp"):
@@ -258,31 +304,13 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)  # fmt: skip
         else:
             peers[f"optuna-{kind}"] = optuna_order(sampler)
-    print(f"| plan | search | runs | launches to {TARGET} of the {'best known' if args.large else 'grid best'}: "
+    valued = args.large or args.plans
+    print(f"| plan | search | runs | launches to {TARGET} of the {'best known' if valued else 'grid best'}: "
           "mean (worst) | " + " | ".join(f"score at {b}" for b in BUDGETS) + " | final score |")  # fmt: skip
     print("|" + " --- |" * (5 + len(BUDGETS)))
-    notes = []
-    if args.large:
-        for path in sorted(LARGE.glob("*.toml")):
-            points = TwinPoints(path)
-            grid = {"items": points.items, "points": points}
-            mine = pivot_rows_large(path, args.seeds, args.noise, args.jobs)
-            runs = {peer: [run(grid, order, seed, args.noise, args.budget) for seed in range(1, args.seeds + 1)]
-                    for peer, order in peers.items()}  # fmt: skip
-            for peer, order in peers.items():  # the reference: every proposer with a large budget, then a climb
-                if peer != "plan-order":
-                    run(grid, order, 0, 0.0, args.reference_budget)
-            for r in mine:
-                points.get(r["final_key"])
-            found = max(points, key=lambda k: points[k])
-            top = points.climb(found)
-            best = points[top]
-            notes.append(f"{points.plan.name}: {len(points.items)} items ({2 ** len(points.items):,} combinations), "
-                         f"{len(points):,} valued; best known {top or '(base)'} {best:,.0f} output tok/s"
-                         + ("" if top == found else f" (hill-climbed from {found}, {points[found]:,.0f})"))  # fmt: skip
-            print(_pivot_row(points.plan.name, mine, best))
-            for peer, values in runs.items():
-                print(_peer_row(points.plan.name, peer, values, best))
+    if valued:
+        paths = [Path(p) for p in args.plans] if args.plans else sorted(LARGE.glob("*.toml"))
+        notes = [valued_plan(path, peers, args) for path in paths]
         for note in notes:
             print(f"\n{note}")
         return 0
