@@ -208,6 +208,37 @@ def test_a_best_adopted_on_one_run_is_measured_again_before_a_verdict_near_the_b
         best = measure(store, s, best, 1165.0)
         j = Method.read(store, s.id).judge(e)  # against both runs of its base now: its own second run next
         assert j.suggestion == "rerun" and "one more run before the verdict" in j.text, j.text
+        # its third run still near: the base (two runs) is measured again, the side with fewer runs
+        e = measure(store, s, e, 1201.0)
+        j = Method.read(store, s.id).judge(e)
+        assert j.suggestion == "rebase" and "adopted on 2 runs, fewer than this change's 3" in j.text, j.text
+        assert "verdict near the band: the mean it is judged against" in moves_of(s).reruns[best.id]
+        best = measure(store, s, best, 1165.0)  # three runs on each side: as precise as four against two
+        j = Method.read(store, s.id).judge(e)
+        assert j.suggestion == "adopted" and len(j.runs_tok_s) == 3 and j.before_tok_s == pytest.approx(1165.0)
+
+
+def test_a_gain_near_the_band_against_the_baseline_or_a_best_measured_four_times_takes_its_own_four_runs(
+    store, paths, fake_twin
+) -> None:
+    """The baseline is not measured again for a gain near the band (its runs set the band), nor a best measured
+    four times already (its error is the smaller one): the change takes its four runs."""
+    s = session_for(store, paths, make_plan(["01", "02", "03"]))
+    base = add(store, s, [], s.plan.target.base_config(), None)
+    base = store.update_experiment(measure(store, s, base, 990.0, 1010.0).model_copy(update={"verdict": "baseline"}))
+    config = _step_config(Method.read(store, s.id), search.Step("launch", ("03",), ""))
+    e = measure(store, s, add(store, s, ["03"], config, base), 1030.0, 1032.0)
+    for runs in (2, 3):
+        j = Method.read(store, s.id).judge(e)
+        assert j.suggestion == "rerun" and "one more run before the verdict" in j.text, (runs, j.text)
+        e = measure(store, s, e, 1031.0)
+    assert Method.read(store, s.id).judge(e).suggestion == "adopted"
+    best = store.update_experiment(measure(store, s, e, 1031.0).model_copy(update={"verdict": "adopted"}))
+    config = _step_config(Method.read(store, s.id), search.Step("launch", ("02",), ""))
+    e = measure(store, s, add(store, s, ["02"], config, best), 1062.0, 1063.0, 1062.5)  # +3.05%, near the band
+    assert Method.read(store, s.id).run_count(best) == 5
+    j = Method.read(store, s.id).judge(e)
+    assert j.suggestion == "rerun" and "one more run before the verdict" in j.text, j.text
 
 
 def test_a_loss_against_a_best_adopted_on_few_runs_measures_that_best_again_first(store, paths, fake_twin) -> None:

@@ -97,9 +97,17 @@ def twin_error(record: list[tuple[float, float, int, int]], sd: float, floor: fl
     return max(floor**2, sum((mc - pc) ** 2 for mc, pc, _, _ in record) / len(record) - noise2) ** 0.5
 
 
-def near_move(base: m.Experiment | None, base_runs: int, moved: bool) -> Suggestion:
+def near_move(base: m.Experiment | None, base_runs: int, moved: bool, runs: int = 1) -> Suggestion:
     """What a change near the band needs next (tools/method/reading.py's docstring): its base measured again where
-    the base is a change adopted on its one run (a clear gain: its confirming run waits until a verdict needs its
-    precision), else a run of its own."""
-    once = base is not None and base.kind != "baseline" and base.status == "finished" and base_runs < 2
-    return "rebase" if once and not moved else "rerun"
+    the base is a change adopted since (not the baseline, nor a best another change has replaced) on fewer runs than
+    the change has, or on its one run (a clear gain: its confirming run waits until a verdict needs its precision);
+    else a run of its own. The standard error of the difference falls fastest on the side with fewer runs."""
+    if rebasable(base, moved) and base_runs < max(runs, 2):
+        return "rebase"
+    return "rerun"
+
+
+def rebasable(base: m.Experiment | None, moved: bool) -> bool:
+    """Whether a change's base may be measured again before its verdict: a finished change (the baseline's runs set
+    the band), still the best (`moved`: another change replaced it since the change was launched on it)."""
+    return base is not None and base.kind != "baseline" and base.status == "finished" and not moved

@@ -86,11 +86,12 @@ def band_clause(suggestion: Suggestion, change: float, band: float, noise: float
     return ""
 
 
-def near_clause(judged: float, band: float, se: float, runs: int, base_number: int | None) -> str:
+def near_clause(judged: float, band: float, se: float, runs: int, base_number: int | None, base_runs: int = 1) -> str:
     """A gain within its standard error `se` of the band, in words: what is measured again before its verdict (its
-    base, experiment `base_number`, where that base was adopted on one run; else the change)."""
+    base, experiment `base_number`, measured on `base_runs` runs, fewer than the change's or one; else the change)."""
+    on = "its one run" if base_runs == 1 else f"{base_runs} runs, fewer than this change's {runs}"
     what = (
-        f"its base (experiment {base_number}), adopted on its one run, is measured again before the verdict"
+        f"its base (experiment {base_number}), adopted on {on}, is measured again before the verdict"
         if base_number is not None
         else "one more run before the verdict"
     )
