@@ -237,18 +237,34 @@ def campaign(args: tuple) -> dict:
 
 
 def _trail(plan: m.Plan, method: Any, truth: str | None) -> list[tuple[int, float]]:
-    """(launches so far, the truth's output tok/s of the best configuration so far) after each launch, in the
-    ledger's order: when the campaign first held a configuration worth a share of the grid's best, and its score at
-    any budget (what a campaign cut there would have kept)."""
-    out: list[tuple[int, float]] = []
-    n, tok = 0, true_tok(plan, plan.target.base_config(), truth)
-    for e in method.experiments:
-        if (k := launched(method, e)) == 0:
-            continue
-        n += k
+    """(launches so far, the truth's output tok/s of the best configuration so far) after each launch, in the order
+    the launches ran: when the campaign first held a configuration worth a share of the grid's best, and its score at
+    any budget (what a campaign cut there would have kept). An adopted change becomes the best after its last run
+    before the next experiment's first: its runs after that (its base measured again for a later verdict) count where
+    they ran, not before its adoption."""
+    launches: list[tuple[Any, int, int, m.Experiment]] = []  # (when, experiment order, run index, experiment)
+    for order, e in enumerate(method.experiments):
+        runs = method.runs.get(e.id or 0, [])
+        launches += [(r.started_at, order, i, e) for i, r in enumerate(runs)]
+        if launched(method, e) > len(runs):  # a server that crashed before its first run
+            launches.append((e.started_at or e.created_at, order, len(runs), e))
+    launches.sort(key=lambda x: (x[0], x[1], x[2]))
+    first = {}  # an experiment's first launch's position
+    for n, (_, _, _, e) in enumerate(launches):
+        first.setdefault(e.id, n)
+    starts = sorted(first.values())
+    adopted_at = {}  # an adopted change's position: its last launch before the next experiment's first
+    for n, (_, _, _, e) in enumerate(launches):
         if e.kind == "change" and e.verdict == "adopted":
+            later = next((x for x in starts if x > first[e.id]), len(launches))
+            if n < later:
+                adopted_at[e.id] = n
+    out: list[tuple[int, float]] = []
+    tok = true_tok(plan, plan.target.base_config(), truth)
+    for n, (_, _, _, e) in enumerate(launches):
+        if adopted_at.get(e.id) == n:
             tok = true_tok(plan, e.config, truth)
-        out.append((n, tok))
+        out.append((n + 1, tok))
     return out
 
 

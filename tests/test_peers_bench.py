@@ -47,3 +47,33 @@ def test_a_plan_of_ones_own_is_scored_against_every_combination_where_they_are_f
     note = next(line for line in out.splitlines() if line.startswith("eval-llama70b-h200x1: 7 items"))
     assert f"every one of 128 combinations valued; best {grid['best']} {grid['best_tok_s']:,.0f}" in note, note
     assert all(0.5 < float(r.split(" | ")[-1].strip(" |")) <= 1.0 for r in rows)
+
+
+def test_a_campaigns_trail_counts_each_launch_where_it_ran(monkeypatch) -> None:
+    """benchmarks/search_eval.py's trail: a best adopted on its one run and measured again later (for a verdict
+    judged against it) became the best after that one run, not after the later ones; a server that crashed before
+    its first run is a launch."""
+    from datetime import UTC, datetime, timedelta
+    from types import SimpleNamespace as NS
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import search_eval
+
+    t0 = datetime(2026, 12, 7, tzinfo=UTC)
+    at = [t0 + timedelta(seconds=k) for k in range(10)]
+    base = NS(id=1, kind="baseline", verdict="baseline", config="base", status="finished", started_at=at[0],
+              created_at=at[0])  # fmt: skip
+    best = NS(id=2, kind="change", verdict="adopted", config="best", status="finished", started_at=at[2],
+              created_at=at[2])  # fmt: skip
+    crash = NS(id=3, kind="change", verdict="crashed", config="crash", status="failed", started_at=at[3],
+               created_at=at[3])  # fmt: skip
+    other = NS(id=4, kind="change", verdict="no_gain", config="other", status="finished", started_at=at[4],
+               created_at=at[4])  # fmt: skip
+    runs = {1: [NS(started_at=at[0]), NS(started_at=at[1])], 2: [NS(started_at=at[2]), NS(started_at=at[5])],
+            4: [NS(started_at=at[4]), NS(started_at=at[6])]}  # fmt: skip
+    method = NS(experiments=[base, best, crash, other], runs=runs, run_count=lambda e: len(runs.get(e.id, [])))
+    values = {"base": 100.0, "best": 200.0, "crash": 0.0, "other": 150.0}
+    monkeypatch.setattr(search_eval, "true_tok", lambda plan, config, truth: values.get(config, 100.0))
+    plan = NS(target=NS(base_config=lambda: "base"))
+    assert search_eval._trail(plan, method, None) == [(1, 100.0), (2, 100.0), (3, 200.0), (4, 200.0), (5, 200.0),
+                                                      (6, 200.0), (7, 200.0)]  # fmt: skip
