@@ -323,6 +323,34 @@ def test_a_loss_the_noise_may_explain_is_no_gain_and_against_a_few_run_best_that
     assert said["past two"][0] == "regressed", said["past two"][1]
 
 
+def test_a_loss_the_twin_foresaw_is_judged_without_measuring_a_few_run_best_again(store, paths, fake_twin) -> None:
+    """A change the twin predicted at a loss past the band (a check of a loss it settled) measures a loss near the
+    band against a best adopted on its one run: no verdict here turns on that best's next run (the twin and the
+    measurement both call it a loss, and nothing is adopted either way), so it is judged at once, by the loss rule;
+    predicted inside the band, the same loss waits for the best's next run."""
+
+    def judged(predicted: float, *values: float) -> tuple[str, str]:
+        s = session_for(store, paths, make_plan(["01", "02", "03"]))
+        base = add(store, s, [], s.plan.target.base_config(), None)
+        base = store.update_experiment(
+            measure(store, s, base, 990.0, 1010.0).model_copy(update={"verdict": "baseline"})
+        )
+        method = Method.read(store, s.id)
+        config = _step_config(method, search.Step("launch", ("01", "02"), ""))
+        fields = search.record_fields(method, ["01", "02"], config=config)
+        best = measure(store, s, add(store, s, ["01", "02"], config, base, **fields), 1165.0)
+        best = store.update_experiment(best.model_copy(update={"verdict": "adopted"}))
+        config = _step_config(Method.read(store, s.id), search.Step("launch", ("03",), ""))
+        e = measure(store, s, add(store, s, ["03"], config, best, predicted_change_pct=predicted), *values)
+        j = Method.read(store, s.id).judge(e)
+        return j.suggestion, j.text
+
+    said, text = judged(-5.6, 1100.0, 1104.0)  # -5.4% on two runs
+    assert said in ("no_gain", "regressed") and "measured again" not in text, text
+    said, text = judged(-1.0, 1100.0, 1104.0, 1102.0)  # a surprise: its three runs first
+    assert said == "rebase" and "adopted on its one run: a lucky draw of the best" in text, text
+
+
 def test_an_engine_whose_runs_repeat_exactly_is_not_measured_twice(store, paths, fake_twin) -> None:
     """Where every run repeated so far gave the same value (a deterministic engine: the twin without noise), a gain
     beyond the band, a surprise and a gain inside the band are judged on their one run, and the verdict says why; one
