@@ -14,7 +14,7 @@ OWN_SPREAD_FACTOR = 2.0  # a change's own runs' spread beyond this many bands re
 SURPRISE_RUNS = 3  # runs before a change that contradicts its prediction is judged (runs_needed)
 CLEAR_SE, SD_FLOOR_PCT = 3.0, 1.0  # a loss or gain this many standard errors past the band needs fewer runs
 NEAR_BAND_RUNS = 4  # runs before a gain within its standard error of the band is judged (tools/method/reading.py)
-LOSS_SE = 2.0  # a surprising loss is a regression only past the band by this many standard errors (reading.py)
+LOSS_SE = 2.0  # a loss is a regression only past the band by this many standard errors (tools/method/reading.py)
 
 
 def own_band(runs: list[float], band: float) -> tuple[float, str]:

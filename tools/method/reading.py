@@ -34,13 +34,14 @@ read the ledger through this one module, so an LLM and the built-in policy are h
   standard errors (the pooled run-to-run noise over its runs and its base's): a loss just past the band that the
   noise can explain is no gain, not a claim that the change hurts, whether the twin predicted it or not (a rider
   taken back, predicted -2%, measured -3.3% on one run, is no gain; with one standard error, 2 of 110 noisy
-  wrong-twin rows called a loss a true -1..-2% change reads at a regression); and, with noisy runs, a loss past the
-  band by more than one standard error but less than CLEAR_SE (the noise taken at least SD_FLOOR_PCT) against a
-  best adopted on fewer than NEAR_BAND_RUNS runs waits for that best's next run before it is no gain or a
-  regression (unless the twin foresaw a loss past the band: the check of a loss it settled, measured as it said,
-  costs on an exact twin three of that best's runs for no verdict's sake, eval-llama70b-h200x2 10.4 -> 8.7 launches): a lucky draw of the bar reads as a loss in everything judged against it (a best measured +10.5% on
-  one run, truly +7.2%, made a rider truly -1.6% read -4.1%; one measured +11.2% on two, truly +8.6%, one truly
-  -2.2% read -5.1%), and the next gain judged against it would read low too;
+  wrong-twin rows called a true -1..-2% change a regression); and, with noisy runs, a loss past the band by more
+  than one standard error but less than CLEAR_SE (the noise taken at least SD_FLOOR_PCT) against a best adopted on
+  fewer than NEAR_BAND_RUNS runs waits for that best's next run before it is no gain or a regression: a lucky draw
+  of the bar reads as a loss in everything judged against it (a best measured +10.5% on one run, truly +7.2%, made a
+  rider truly -1.6% read -4.1%; one measured +11.2% on two, truly +8.6%, one truly -2.2% read -5.1%), and the next
+  gain judged against it would read low too; but not a loss the twin foresaw past the band (the check of a loss it
+  settled, measured as it said): no verdict turns on that best's next run there, and on an exact twin it cost three
+  of its runs (eval-llama70b-h200x2, noisy: 10.4 -> 8.7 launches);
 - a gain near the band is measured again before its verdict: with the search on, a change whose (judged) gain lies
   within its standard error of the band, on either side, is rerun until it has NEAR_BAND_RUNS runs, so that a
   true +3.2% that two unlucky runs put at +2.6% is not called no gain, nor a true +1% that two lucky runs put at
@@ -432,7 +433,7 @@ class Method(TwinWord):
         if unsure is not None and judged > -band - unsure:
             return unsure, None  # a surprise is one too
         sd = self.run_sd_pct(e.workload)
-        few = base is not None and base.kind != "baseline" and base.status == "finished" and not moved
+        few = rebasable(base, moved)
         p = e.predicted_change_pct if not e.not_modelled else None
         if p is not None and p <= -band:  # a loss the twin foresaw: the best's next run changes no verdict here
             return unsure, None
