@@ -241,6 +241,19 @@ def test_a_gain_near_the_band_against_the_baseline_or_a_best_measured_four_times
     assert j.suggestion == "rerun" and "one more run before the verdict" in j.text, j.text
 
 
+def _best_of_01_02(store, paths, best_runs: tuple[float, ...], **settings) -> tuple[Session, m.Experiment]:
+    """A session on 01-03 whose baseline ran at 990 and 1,010 tok/s and whose best, 01+02 (recorded as the search
+    records it, with the twin's prediction), was adopted on `best_runs`."""
+    s = session_for(store, paths, make_plan(["01", "02", "03"]), **settings)
+    base = add(store, s, [], s.plan.target.base_config(), None)
+    base = store.update_experiment(measure(store, s, base, 990.0, 1010.0).model_copy(update={"verdict": "baseline"}))
+    method = Method.read(store, s.id)
+    config = _step_config(method, search.Step("launch", ("01", "02"), ""))
+    fields = search.record_fields(method, ["01", "02"], config=config)
+    best = measure(store, s, add(store, s, ["01", "02"], config, base, **fields), *best_runs)
+    return s, store.update_experiment(best.model_copy(update={"verdict": "adopted"}))
+
+
 def test_a_loss_against_a_best_adopted_on_few_runs_measures_that_best_again_first(store, paths, fake_twin) -> None:
     """A loss past the band by less than CLEAR_SE standard errors, judged against a best adopted on fewer than
     NEAR_BAND_RUNS runs, is no regression yet: that best (a draw that may read high) is measured again first, and the
@@ -249,16 +262,7 @@ def test_a_loss_against_a_best_adopted_on_few_runs_measures_that_best_again_firs
     from tools.method.compute import moves_of
 
     def against_one_run_best(*values: float, **settings) -> tuple[Session, m.Experiment, m.Experiment]:
-        s = session_for(store, paths, make_plan(["01", "02", "03"]), **settings)
-        base = add(store, s, [], s.plan.target.base_config(), None)
-        base = store.update_experiment(
-            measure(store, s, base, 990.0, 1010.0).model_copy(update={"verdict": "baseline"})
-        )
-        method = Method.read(store, s.id)
-        config = _step_config(method, search.Step("launch", ("01", "02"), ""))
-        fields = search.record_fields(method, ["01", "02"], config=config)
-        best = measure(store, s, add(store, s, ["01", "02"], config, base, **fields), 1165.0)
-        best = store.update_experiment(best.model_copy(update={"verdict": "adopted"}))
+        s, best = _best_of_01_02(store, paths, (1165.0,), **settings)
         config = _step_config(Method.read(store, s.id), search.Step("launch", ("03",), ""))
         return s, best, measure(store, s, add(store, s, ["03"], config, best), *values)
 
@@ -292,16 +296,7 @@ def test_a_loss_the_noise_may_explain_is_no_gain_and_against_a_few_run_best_that
     times it is no gain: a loss the noise may explain is no claim that the change hurts. Past by more, a regression."""
 
     def judged(*values: float, best_runs: tuple[float, ...] = (1165.0,)) -> tuple[str, str]:
-        s = session_for(store, paths, make_plan(["01", "02", "03"]))
-        base = add(store, s, [], s.plan.target.base_config(), None)
-        base = store.update_experiment(
-            measure(store, s, base, 990.0, 1010.0).model_copy(update={"verdict": "baseline"})
-        )
-        method = Method.read(store, s.id)
-        config = _step_config(method, search.Step("launch", ("01", "02"), ""))
-        fields = search.record_fields(method, ["01", "02"], config=config)
-        best = measure(store, s, add(store, s, ["01", "02"], config, base, **fields), *best_runs)
-        best = store.update_experiment(best.model_copy(update={"verdict": "adopted"}))
+        s, best = _best_of_01_02(store, paths, best_runs)
         method = Method.read(store, s.id)
         config = _step_config(method, search.Step("launch", ("03",), ""))
         fields = search.record_fields(method, ["03"], config=config)
@@ -330,16 +325,7 @@ def test_a_loss_the_twin_foresaw_is_judged_without_measuring_a_few_run_best_agai
     predicted inside the band, the same loss waits for the best's next run."""
 
     def judged(predicted: float, *values: float) -> tuple[str, str]:
-        s = session_for(store, paths, make_plan(["01", "02", "03"]))
-        base = add(store, s, [], s.plan.target.base_config(), None)
-        base = store.update_experiment(
-            measure(store, s, base, 990.0, 1010.0).model_copy(update={"verdict": "baseline"})
-        )
-        method = Method.read(store, s.id)
-        config = _step_config(method, search.Step("launch", ("01", "02"), ""))
-        fields = search.record_fields(method, ["01", "02"], config=config)
-        best = measure(store, s, add(store, s, ["01", "02"], config, base, **fields), 1165.0)
-        best = store.update_experiment(best.model_copy(update={"verdict": "adopted"}))
+        s, best = _best_of_01_02(store, paths, (1165.0,))
         config = _step_config(Method.read(store, s.id), search.Step("launch", ("03",), ""))
         e = measure(store, s, add(store, s, ["03"], config, best, predicted_change_pct=predicted), *values)
         j = Method.read(store, s.id).judge(e)
