@@ -80,9 +80,14 @@ def plan_order(items: list[str], measure: Measure, rng: random.Random) -> Iterat
             best, best_value = trial, value
 
 
+def combinations(items: list[str]) -> list[tuple[str, ...]]:
+    """Every combination of the items, in plan order within each: the base () first."""
+    return [tuple(i for i, bit in zip(items, f"{n:0{len(items)}b}", strict=True) if bit == "1")
+            for n in range(2 ** len(items))]  # fmt: skip
+
+
 def random_order(items: list[str], measure: Measure, rng: random.Random) -> Iterator[tuple[str, ...]]:
-    combos = [tuple(i for i, bit in zip(items, f"{n:0{len(items)}b}", strict=True) if bit == "1")
-              for n in range(1, 2 ** len(items))]  # fmt: skip
+    combos = combinations(items)[1:]
     rng.shuffle(combos)
     measure(())
     yield ()
@@ -248,9 +253,8 @@ def valued_plan(path: Path, peers: dict[str, object], args: argparse.Namespace) 
             for peer, order in peers.items()}  # fmt: skip
     size = 2 ** len(points.items)
     if size <= EXHAUSTIVE:
-        for n in range(size):
-            points.get(key(tuple(i for i, bit in zip(points.items, f"{n:0{len(points.items)}b}", strict=True)
-                                 if bit == "1")))  # fmt: skip
+        for combo in combinations(points.items):
+            points.get(key(combo))
     else:
         for peer, order in peers.items():  # the reference: every proposer with a large budget, then a climb
             if peer != "plan-order":
@@ -305,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             peers[f"optuna-{kind}"] = optuna_order(sampler)
     valued = args.large or args.plans
-    print(f"| plan | search | runs | launches to {TARGET} of the {'best known' if valued else 'grid best'}: "
+    print(f"| plan | search | runs | launches to {TARGET} of the {'reference best' if valued else 'grid best'}: "
           "mean (worst) | " + " | ".join(f"score at {b}" for b in BUDGETS) + " | final score |")  # fmt: skip
     print("|" + " --- |" * (5 + len(BUDGETS)))
     if valued:

@@ -47,6 +47,13 @@ def test_a_plan_of_ones_own_is_scored_against_every_combination_where_they_are_f
     note = next(line for line in out.splitlines() if line.startswith("eval-llama70b-h200x1: 7 items"))
     assert f"every one of 128 combinations valued; best {grid['best']} {grid['best_tok_s']:,.0f}" in note, note
     assert all(0.5 < float(r.split(" | ")[-1].strip(" |")) <= 1.0 for r in rows)
+    assert "launches to 0.99 of the reference best" in out  # not "best known": this one is every combination's
+
+
+def test_every_combination_once_the_base_first(peers_bench) -> None:
+    combos = peers_bench.combinations(["01", "02", "03"])
+    assert combos[0] == () and len(combos) == len(set(combos)) == 8
+    assert ("01", "03") in combos and ("03", "01") not in combos
 
 
 def test_a_campaigns_trail_counts_each_launch_where_it_ran(monkeypatch) -> None:
