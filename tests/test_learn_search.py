@@ -1008,3 +1008,32 @@ def test_a_step_whose_gain_a_contention_takes_is_launched_again_without_what_it_
     assert truth(method.best_config()) == pytest.approx(1310.4) and len(launched) <= 2
     found = lessons(method)
     assert found is not None and [(c.step, c.item) for c in found.contentions] == [(["07"], "02")]
+
+
+def test_a_contention_check_never_takes_back_an_item_the_moves_took_back_already(store, paths, fake_twin) -> None:
+    """As above (TP2 and the larger KV pool contend: 07 measures -9% against +30%), but 02 was taken back once
+    already, on its own: the contention check would launch 07 without 02, which the moves refuse (an item is taken
+    back REVERTS times), and a step the moves refuse is an aborted campaign (the autopilot refused). The search
+    proposes no step that takes 02 back; 07 without 01 (not taken back yet) is still checked."""
+    s = session_for(store, paths, make_plan(["01", "02", "07"]))
+    baseline(store, s)
+
+    def truth(c: m.ServerConfig) -> float:
+        return fake_tok(c) * (0.7 if "--mem-fraction-static 0.9" in str(c) and "--tp-size 2" in str(c) else 1.0)
+
+    _build(store, s, truth, (["01", "02"],))
+    method = Method.read(store, s.id)
+    config, best = method.rebuild(drop=["02"]), method.best()
+    assert best is not None
+    back = store.add_experiment(s.id, m.Experiment(
+        plan_items=[], reverts=["02"], kind="change", config=config, base_experiment_id=best.id,
+        workload=s.plan.workload))  # fmt: skip
+    back = measure(store, s, back, truth(config), truth(config))
+    store.update_experiment(back.model_copy(update={"verdict": "no_gain", "reason": "02 taken back: no gain"}))
+    _build(store, s, truth, (["07"],))
+    method = Method.read(store, s.id)
+    assert method.active_items() == ["01", "02"] and probes.revert_launches(method, "02") == 1
+    assert [e.plan_items for e, *_ in probes.contended(method, 3.0)] == [["07"]]
+    steps = search.ranked_steps(method, decision(method), validate)
+    assert not [st for st in steps if "02" in st.reverts], [(st.items, st.reverts) for st in steps]
+    assert (("07",), ("01",)) in [(st.items, st.reverts) for st in steps], [(st.items, st.reverts) for st in steps]

@@ -185,7 +185,8 @@ def contention(
     method: Method, estimate: Callable[..., Any], band: float
 ) -> list[tuple[tuple[str, ...], str, float, str]]:
     """For each step that fell short on a best it may contend with (`contended`), each of those items not yet taken
-    back as a probe: (the items to add: none where the step is in the best, else its own; the item to take back; the
+    back (the moves take an item back REVERTS times, with the step's items or without: a probe they refuse would
+    abort the campaign): (the items to add: none where the step is in the best, else its own; the item to take back; the
     change if the shortfall is the contention's; why), launched like a leave-one-out probe while that change beats
     the band (each configuration once), until one that took an item back is adopted after the step. `estimate` is
     the search's (items, reverts) -> Estimate. The corrected model already puts the shortfall on the step's own items,
@@ -198,7 +199,7 @@ def contention(
             continue  # a probe was adopted: the contention is found (and the best it fell short on is gone)
         items = () if set(e.plan_items) <= active else tuple(e.plan_items)
         for item_id in before:
-            if not items and revert_launches(method, item_id) >= REVERTS:
+            if revert_launches(method, item_id) >= REVERTS:  # the moves' guard takes an item back REVERTS times
                 continue
             est = estimate(items, (item_id,))
             if est.source != "twin" or est.crash or est.change_pct is None:
