@@ -30,6 +30,11 @@ read the ledger through this one module, so an LLM and the built-in policy are h
   SURPRISE_RUNS runs before it is adopted or called a regression (a loss too: with two, three false regressions
   appeared in 140 wrong-twin campaigns, near the band), but two for a loss CLEAR_SE standard errors past the band;
   predicted +8.6% and measured +12.8% both say adopt, and a gain's usual second run confirms it;
+- but a loss past the band that the twin predicted inside it, about to be measured again (a surprise, or one run),
+  is no gain at once unless it is past the band by CLEAR_SE standard errors (`_slight_loss`, the noise taken at least
+  SD_FLOOR_PCT): another run could only tell a regression from no gain, and neither is adopted (a flag predicted
+  +0.0% measured -6.7% on one run is not measured twice more to call it a regression: in 90 noisy campaigns on
+  random wrong twins such confirmations cost 89 launches, one a campaign);
 - with the search on, a loss is called a regression only when its (judged) mean is beyond the band by LOSS_SE
   standard errors (the pooled run-to-run noise over its runs and its base's): a loss just past the band that the
   noise can explain is no gain, not a claim that the change hurts, whether the twin predicted it or not (a rider
@@ -442,6 +447,17 @@ class Method(TwinWord):
         se = self.floored_se(e, runs, base_runs)
         return (None, se) if judged > -band - CLEAR_SE * se else (unsure, None)
 
+    def _slight_loss(self, e: m.Experiment, judged: float, band: float, runs: int, base_runs: int,
+                     predicted: float, suggestion: Suggestion, exact: bool) -> float | None:  # fmt: skip
+        """The standard error (the noise taken at least SD_FLOOR_PCT) of a loss past the band, about to be measured
+        again (`suggestion`), that the twin predicted inside the band (`predicted`, %) and that is not past it by
+        CLEAR_SE of them; else None. Such a loss is no gain at once (see the module docstring): another run could
+        only tell a regression from no gain, and neither is adopted."""
+        if suggestion != "rerun" or exact or not self.settings.search or not judged <= -band < predicted < band:
+            return None
+        se = self.floored_se(e, runs, base_runs)
+        return se if judged > -band - CLEAR_SE * se else None
+
     def _standard_error(self, e: m.Experiment, runs: int, base_runs: int) -> float | None:
         """The standard error of `e`'s measured change in points: the pooled run-to-run noise over its runs and its
         base's; None before any experiment ran twice."""
@@ -618,6 +634,8 @@ class Method(TwinWord):
         suggestion = self._suggest(judged, band, len(runs), moved, need, agreed or exact, confirm)
         if suggestion == "regressed" and agreed and -band < p_pct and len(runs) < 2 and not exact:
             suggestion = "rerun"  # the twin put it inside the band and one run beyond: a second run confirms the loss
+        slight = self._slight_loss(e, judged, band, len(runs), len(before_runs), p_pct, suggestion, exact)
+        suggestion = "no_gain" if slight is not None else suggestion  # a loss no verdict needs confirmed
         host_note = self._host_clause(e, c)
         if host_note and suggestion in ("adopted", "regressed") and len(runs) < 2:
             suggestion = "rerun"  # one run on a host whose load moved: measured again before the verdict
@@ -644,6 +662,8 @@ class Method(TwinWord):
             + spread_note
             + host_note
             + (paired.rebase_words(self.number(e.base_experiment_id), band) if rebase else
+               words.slight_loss_clause(band, slight, p_pct, len(runs)) if slight is not None and suggestion == "no_gain"
+               else
                f", past the {band:.1f}% noise band by less than {LOSS_SE:g} standard errors ({unsure:.1f} points "
                f"each) against the "
                f"{e.predicted_change_pct or 0.0:+.1f}% predicted: no gain, not a regression" if

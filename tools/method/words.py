@@ -138,3 +138,10 @@ def unheard_clause(band: float, off: float, predicted: float, base_runs: int) ->
     return (f", past the {band:.1f}% noise band by less than its standard error where the twin, off by {off:.1f}% on "
             f"this campaign's changes, predicted {predicted:+.1f}%: its base measured again ({base_runs} runs so far) "
             "before the verdict")  # fmt: skip
+
+
+def slight_loss_clause(band: float, se: float, predicted: float, runs: int) -> str:
+    """The words of a loss the twin predicted inside the band, past it on too few runs to call it a regression."""
+    return (f", past the {band:.1f}% noise band on {runs} run{'s' if runs != 1 else ''} but not by {CLEAR_SE:g} "
+            f"standard errors ({se:.1f} points each) where the twin predicted {predicted:+.1f}%: no gain, not "
+            "measured again to call it a regression (no verdict turns on it)")  # fmt: skip
