@@ -36,14 +36,14 @@ def runs_needed(judged: float, band: float, predicted: float | None, surprise: b
     (measured off its prediction by more than the band) that calls for another verdict than the prediction does
     needs SURPRISE_RUNS, but two for a loss past the band by CLEAR_SE standard errors, which only a broken run could
     explain (0: none beyond the usual). A gain needs two (one lucky run never becomes the bar), but one where it
-    clears the band by CLEAR_SE standard errors as the twin predicted it would (beyond the band, no surprise): a
-    +18% predicted and measured once is no draw of the noise."""
+    clears the band by CLEAR_SE standard errors and the twin predicted it beyond the band too, off by more than the
+    band or not: a +18% predicted and measured once is no draw of the noise, nor is a +24.6% predicted +29.5%."""
+    gain = 1 if predicted is not None and predicted >= band and judged >= band + CLEAR_SE * se else 2
     if surprise:
         p = predicted if predicted is not None else float("nan")
         flips = (judged >= band) != (p >= band) or (judged <= -band) != (p <= -band)
-        return (2 if judged <= -band - CLEAR_SE * se else SURPRISE_RUNS) if flips else 0, 2
-    clear = predicted is not None and predicted >= band and judged >= band + CLEAR_SE * se
-    return 0, 1 if clear else 2
+        return (2 if judged <= -band - CLEAR_SE * se else SURPRISE_RUNS) if flips else 0, gain
+    return 0, gain
 
 
 Suggestion = Literal[

@@ -17,9 +17,10 @@ read the ledger through this one module, so an LLM and the built-in policy are h
   more than twice their combined error). The weighted gain lies between the two, so a change the twin and the
   measurement both put below the band is never adopted;
 - a change is adopted only when its (judged) gain beats the band on the mean of at least two runs (a gain beyond the
-  band on one run is rerun to confirm it, and so is a loss beyond it that the twin predicted inside the band,
-  unless the session's `search` setting is off: the old greedy path), or on one run where it clears the band by
-  CLEAR_SE standard errors as the twin predicted it would (judgement.runs_needed: no draw of the noise; its
+  band on one run is rerun to confirm it, and so is a loss far beyond it that the twin predicted inside the band,
+  a slight one being no gain at once (below), unless the session's `search` setting is off: the old greedy path), or on one run where it clears the band by
+  CLEAR_SE standard errors where the twin predicted it beyond the band too (judgement.runs_needed: no draw of the
+  noise, whether the twin was off by more than the band or not; its
   second run waits until a change judged against it is near the band, and is taken then, before that verdict); a gain
   inside the band is rerun (up to `reruns` times) and then called no gain (with the search on, at once where the
   twin predicted it inside the band too and the measurement is not near the band); a loss beyond the band is a
@@ -448,15 +449,18 @@ class Method(TwinWord):
         return (None, se) if judged > -band - CLEAR_SE * se else (unsure, None)
 
     def _slight_loss(self, e: m.Experiment, judged: float, band: float, runs: int, base_runs: int,
-                     predicted: float, suggestion: Suggestion, exact: bool) -> float | None:  # fmt: skip
-        """The standard error (the noise taken at least SD_FLOOR_PCT) of a loss past the band, about to be measured
-        again (`suggestion`), that the twin predicted inside the band (`predicted`, %) and that is not past it by
-        CLEAR_SE of them; else None. Such a loss is no gain at once (see the module docstring): another run could
-        only tell a regression from no gain, and neither is adopted."""
-        if suggestion != "rerun" or exact or not self.settings.search or not judged <= -band < predicted < band:
-            return None
+                     suggestion: Suggestion, agreed: bool, exact: bool) -> tuple[Suggestion, float | None]:  # fmt: skip
+        """A loss past the band that the twin predicted inside it (the module docstring): on one run where the twin
+        agreed, measured again (a second run confirms the loss); about to be measured again and not past the band by
+        CLEAR_SE standard errors (the noise taken at least SD_FLOOR_PCT), no gain at once, with that standard error:
+        another run could only tell a regression from no gain, and neither is adopted. Else (`suggestion`, None)."""
+        p = e.predicted_change_pct if e.predicted_change_pct is not None else float("nan")
+        if suggestion == "regressed" and agreed and -band < p and runs < 2 and not exact:
+            suggestion = "rerun"  # the twin put it inside the band and one run beyond: a second run confirms the loss
+        if suggestion != "rerun" or exact or not self.settings.search or not judged <= -band < p < band:
+            return suggestion, None
         se = self.floored_se(e, runs, base_runs)
-        return se if judged > -band - CLEAR_SE * se else None
+        return ("no_gain", se) if judged > -band - CLEAR_SE * se else (suggestion, None)
 
     def _standard_error(self, e: m.Experiment, runs: int, base_runs: int) -> float | None:
         """The standard error of `e`'s measured change in points: the pooled run-to-run noise over its runs and its
@@ -632,10 +636,7 @@ class Method(TwinWord):
         exact = self.settings.search and self.repeats_exactly(e.workload)  # a deterministic engine: no reruns
         need, confirm = (0, 1) if exact else self._runs_needed(e, judged, band, len(runs), len(before_runs), surprise)
         suggestion = self._suggest(judged, band, len(runs), moved, need, agreed or exact, confirm)
-        if suggestion == "regressed" and agreed and -band < p_pct and len(runs) < 2 and not exact:
-            suggestion = "rerun"  # the twin put it inside the band and one run beyond: a second run confirms the loss
-        slight = self._slight_loss(e, judged, band, len(runs), len(before_runs), p_pct, suggestion, exact)
-        suggestion = "no_gain" if slight is not None else suggestion  # a loss no verdict needs confirmed
+        suggestion, slight = self._slight_loss(e, judged, band, len(runs), len(before_runs), suggestion, agreed, exact)
         host_note = self._host_clause(e, c)
         if host_note and suggestion in ("adopted", "regressed") and len(runs) < 2:
             suggestion = "rerun"  # one run on a host whose load moved: measured again before the verdict
