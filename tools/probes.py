@@ -186,12 +186,12 @@ def contention(
 ) -> list[tuple[tuple[str, ...], str, float, str]]:
     """For each step that fell short on a best it may contend with (`contended`), each of those items not yet taken
     back (the moves take an item back REVERTS times, with the step's items or without: a probe they refuse would
-    abort the campaign): (the items to add: none where the step is in the best, else its own; the item to take back; the
-    change if the shortfall is the contention's; why), launched like a leave-one-out probe while that change beats
-    the band (each configuration once), until one that took an item back is adopted after the step. `estimate` is
-    the search's (items, reverts) -> Estimate. The corrected model already puts the shortfall on the step's own items,
-    on the best with and without the item alike: if the two contend instead, the best without it gains that
-    shortfall back on top of the model's change."""
+    abort the campaign): (the items to add: none where the step is in the best, else its own; the item to take
+    back; the change if the shortfall is the contention's; why), launched like a leave-one-out probe while that
+    change beats the band (each configuration once), until one that took an item back is adopted after the step.
+    `estimate` is the search's (items, reverts) -> Estimate. The corrected model already puts the shortfall on the
+    step's own items, on the best with and without the item alike: if the two contend instead, the best without it
+    gains that shortfall back on top of the model's change."""
     out = []
     active = set(method.active_items())
     for e, got, said, before in contended(method, band):

@@ -18,9 +18,9 @@ read the ledger through this one module, so an LLM and the built-in policy are h
   measurement both put below the band is never adopted;
 - a change is adopted only when its (judged) gain beats the band on the mean of at least two runs (a gain beyond the
   band on one run is rerun to confirm it, and so is a loss far beyond it that the twin predicted inside the band,
-  a slight one being no gain at once (below), unless the session's `search` setting is off: the old greedy path), or on one run where it clears the band by
-  CLEAR_SE standard errors where the twin predicted it beyond the band too (judgement.runs_needed: no draw of the
-  noise, whether the twin was off by more than the band or not; its
+  a slight one being no gain at once (below), unless the session's `search` setting is off: the old greedy path),
+  or on one run where it clears the band by CLEAR_SE standard errors where the twin predicted it beyond the band
+  too (judgement.runs_needed: no draw of the noise, whether the twin was off by more than the band or not; its
   second run waits until a change judged against it is near the band, and is taken then, before that verdict); a gain
   inside the band is rerun (up to `reruns` times) and then called no gain (with the search on, at once where the
   twin predicted it inside the band too and the measurement is not near the band); a loss beyond the band is a
