@@ -199,7 +199,7 @@ def contention(
             continue  # a probe was adopted: the contention is found (and the best it fell short on is gone)
         items = () if set(e.plan_items) <= active else tuple(e.plan_items)
         for item_id in before:
-            if revert_launches(method, item_id) >= REVERTS:  # the moves' guard takes an item back REVERTS times
+            if not may_take_back(method, item_id):
                 continue
             est = estimate(items, (item_id,))
             if est.source != "twin" or est.crash or est.change_pct is None:
@@ -269,6 +269,13 @@ def revert_launches(method: Method, item_id: str) -> int:
         for e in method.experiments
         if item_id in e.reverts and _launched(method, e) and not (e.plan_items and fell_short(method, e))
     )
+
+
+def may_take_back(method: Method, item_id: str) -> bool:
+    """Whether an adopted item may be taken back again: fewer than REVERTS launches took it back. The moves' rule
+    (tools/method/compute.py) and every step of the search's that takes an item back ask this, so the search never
+    proposes a step the moves refuse (the autopilot refused is an aborted campaign)."""
+    return revert_launches(method, item_id) < REVERTS
 
 
 def riders(method: Method) -> tuple[str, ...]:
@@ -427,7 +434,7 @@ def optimistic(method: Method, estimate: Callable[..., Any], items: list[m.PlanI
         return None  # this best had its checks, measured as the corrected model said
     ids = method.plan.item_ids()
     held = [i for i in method.active_items() if i in ids]
-    back = [i for i in held if revert_launches(method, i) < REVERTS]
+    back = [i for i in held if may_take_back(method, i)]
     adds = [(it.id,) for it in items if it.id not in held and item_changes(method, it) and launches(method, it.id)]
     moves = [(a, ()) for a in adds] + [((), (r,)) for r in back] + [(a, (r,)) for a in adds for r in back]
     out: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[float, Any]] = {}

@@ -17,7 +17,7 @@ no effect where the twin said +16% carries that into every later combination tha
   (items each predicted to add at least BUNDLE_MIN_PCT, grown one at a time), launched as ONE experiment naming every
   item it combines;
 - reverts: an adopted item taken back, when the best configuration rebuilt from its chain of adopted changes
-  without it is predicted beyond the noise band (at most REVERTS launches per item);
+  without it is predicted beyond the noise band (at most probes.REVERTS launches per item);
 - leave-one-out probes of a combined step that fell short of its prediction (tools/probes.py);
 - the checks of the twin's word alone, when nothing else is left and every tier is open (tools/probes.py): the items
   it recorded `predicted` inside the band, whatever the plan expects of them, launched together once (doubted); then
@@ -55,13 +55,12 @@ from tools.method.answers import Decision
 from tools.method.moves import promising, revert_text
 from tools.method.reading import Method
 from tools.method.step import SEARCH_KINDS, Step, searchable  # noqa: F401 (the method's, re-exported)
-from tools.probes import checked, launches, missed, own_launches, probes_spent, revert_launches, suspects
+from tools.probes import checked, launches, missed, own_launches, probes_spent, suspects
 
 MEMBER_MIN_PCT = 1.0  # each item of a combined step adds at least this much (predicted) given the others
 TRIPLE_SEEDS = 4  # the best pairs grow into triples
 BUNDLE_MIN_PCT = 0.2  # an item joins the bundle of small gains when it adds at least this much (predicted)
 RETESTS = 1  # launches an item gets beyond its first, on a newer best
-REVERTS = probes.REVERTS  # launches that take an adopted item back, per item
 SWAP_SEEDS = 3  # the best candidates are also predicted with each adopted item taken back
 RETEST_VERDICTS = ("no_gain", "regressed", "predicted", "superseded")
 
@@ -336,7 +335,7 @@ def leave_one_out(method: Method, sur: Surrogate, others: list[str]) -> list[Can
         whole = f"{'+'.join(members)} measured {_pct(got)} against {_pct(said)} predicted"
         for i in members:
             if set(members) <= held:  # adopted and still in the best: take the member back
-                if i not in active or revert_launches(method, i) >= REVERTS:
+                if i not in active or not probes.may_take_back(method, i):
                     continue
                 items, reverts = (), (i,)
             else:
@@ -416,7 +415,7 @@ def _reverts(method: Method, sur: Surrogate) -> list[Candidate]:
     caller keeps those beyond the band)."""
     out = []
     for item_id in method.active_items():
-        if item_id not in method.plan.item_ids() or revert_launches(method, item_id) >= REVERTS:
+        if item_id not in method.plan.item_ids() or not probes.may_take_back(method, item_id):
             continue
         est = sur.estimate((), (item_id,))
         if est.source != "twin" or est.crash or est.change_pct is None:
@@ -429,7 +428,7 @@ def _reverts(method: Method, sur: Surrogate) -> list[Candidate]:
 def _swaps(method: Method, sur: Surrogate, ranked: list[Candidate]) -> list[Candidate]:
     """The best candidates launched with an adopted item taken back, where the twin predicts that item becomes a
     brake with them (the candidate gains at least MEMBER_MIN_PCT more without it): one launch instead of two."""
-    active = [i for i in method.active_items() if i in method.plan.item_ids() and revert_launches(method, i) < REVERTS]
+    active = [i for i in method.active_items() if i in method.plan.item_ids() and probes.may_take_back(method, i)]
     out = []
     top = [c for c in ranked if c.estimate.source == "twin" and not c.reverts and c.kind != "revert"][:SWAP_SEEDS]
     for c in top:

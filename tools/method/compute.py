@@ -27,7 +27,7 @@ from tools.method.moves import (
 )
 from tools.method.offers import offers
 from tools.method.reading import Method
-from tools.probes import launched
+from tools.probes import launched, may_take_back
 
 RERUN = "a rerun adds a run"
 
@@ -408,7 +408,7 @@ def _allowed(session: Session, method: Method, mv: Moves) -> None:
         i
         for i in method.active_items()
         if i in plan.item_ids() and (method.settings.proposer in peers.PEERS  # a peer never repeats a configuration
-                                     or search.revert_launches(method, i) < search.REVERTS)
+                                     or may_take_back(method, i))
         and (mv.decision.stopped_at is None or i in asked)
     )  # fmt: skip
     for e in method.experiments:
